@@ -1,0 +1,31 @@
+# Two entry points for a fresh 2-core CPU machine:  `make demo`  and  `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0          # CPU wheel; must come first (see NOTES: CUDA build otherwise)
+	$(BIN)/pip install -q -e ".[cpu,app,trl,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## The main job: train FastRL then a GRPO baseline on the embedded default, with the live dashboard.
+demo: setup
+	$(BIN)/fastrl demo
+
+## The test suite (CI runs exactly this). Installs Debian chromium for the browser test when missing.
+test: setup
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/bench_algo.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,11 @@
+"""The FastRL algorithm as pure functions over tensors and plain scalars.
+
+Modules here import only torch and the standard library: no store, app, transformers or vLLM
+(`tests/test_core_imports.py` checks it). Randomness comes only from a passed `torch.Generator`.
+
+- `objectives`: policy losses (GRPO, DAPO, GSPO, Dr.GRPO) chosen by name.
+- `advantages`: group advantages for groups of unequal size.
+- `sketches`: fixed-size gradient sketches per rollout.
+- `pruners`: keep/prune decisions per prompt group.
+- `budgets`: rollouts per prompt at each step.
+"""

@@ -1,0 +1,6 @@
+import os
+
+import torch
+
+# Two cores here and in CI: more threads than cores is ~2x slower (NOTES §2).
+torch.set_num_threads(int(os.environ.get("FASTRL_TEST_THREADS", "2")))

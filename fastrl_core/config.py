@@ -55,6 +55,8 @@ class TrainConfig:
     warmup_steps: int = _f(5, "linear learning-rate warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping norm")
+    recompute_old_logprobs: bool = _f(False, "recompute old log-probs with the training model on kept rollouts "
+                                             "(needed when the rollout engine's numerics differ, e.g. vLLM)")
     # -- FastRL
     sketch: str = _f("lm_head", "gradient sketch: lm_head, logprob, tokens")
     sketch_dim: int = _f(256, "gradient sketch dimension")

@@ -1,0 +1,167 @@
+"""`fastrl` command line: train, eval, warmstart, data, store, app, demo, bench.
+
+Heavy modules are imported inside each command so `fastrl --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _train(args: argparse.Namespace) -> int:
+    from fastrl_core.config import field_help, load_config
+
+    if args.list_keys:
+        for key, text in field_help().items():
+            print(f"  {key:24s} {text}")
+        return 0
+    config_path = None
+    overrides = list(args.overrides)
+    if overrides and "=" not in overrides[0]:
+        config_path = overrides.pop(0)
+    config = load_config(config_path, overrides)
+    from fastrl_core.trainer import train
+
+    run_id = train(config, resume=args.resume)
+    print(f"run {run_id} finished; store: {config.store_dir}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from fastrl_core.data.problems import load_problems
+    from fastrl_core.evaluate import evaluate
+    from fastrl_core.policy import load_policy
+    from fastrl_core.store import RunWriter
+
+    if args.dataset == "synthetic":
+        from fastrl_core.data.synthetic import ensure_dataset
+
+        problems = load_problems(ensure_dataset(Path(args.store) / "data") / args.split, limit=args.limit)
+    else:
+        problems = load_problems(args.dataset, split=args.split, limit=args.limit, skip_bad=args.skip_bad)
+    policy = load_policy(args.model)
+    result = evaluate(policy, problems, template=args.template, batch_size=args.batch_size)
+    writer = RunWriter(args.store, name=f"eval-{Path(str(args.model)).name}", config=vars(args), model=str(args.model),
+                       dataset=args.dataset, objective="-", pruner="-", budget="-")
+    writer.write_eval(0, args.split, result["accuracy"], result["n"], format_rate=result["format_rate"])
+    writer.finish()
+    print(f"accuracy {result['accuracy']:.4f}  format {result['format_rate']:.4f}  n={result['n']}")
+    for kind, accuracy in sorted(result.get("per_kind", {}).items()):
+        print(f"  {kind:20s} {accuracy:.4f}")
+    return 0
+
+
+def _warmstart(args: argparse.Namespace) -> int:
+    from fastrl_core.warmstart import main
+
+    return main(args.rest) or 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from fastrl_core.data.synthetic import write_dataset
+
+    path = write_dataset(Path(args.out), n_train=args.n_train, n_test=args.n_test, seed=args.seed)
+    print(f"wrote {path}")
+    return 0
+
+
+def _store(args: argparse.Namespace) -> int:
+    from fastrl_core.store import compact, read_runs
+
+    runs = [args.run] if args.run else read_runs(args.store_dir)["run_id"].tolist()
+    for run_id in runs:
+        print(f"{run_id}: {compact(args.store_dir, run_id)}")
+    return 0
+
+
+def _app(args: argparse.Namespace) -> int:
+    from app.launch import serve, wait_healthy
+
+    process = serve(Path(args.store), port=args.port, address=args.address)
+    try:
+        wait_healthy(args.port, timeout=60)
+        print(f"FastRL dashboard: http://{args.address}:{args.port}  (store: {args.store}; Ctrl-C stops)")
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fastrl_core.demo import run_demo
+
+    return run_demo(store=Path(args.store), port=args.port, address=args.address, steps=args.steps)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fastrl_core.bench import main
+
+    return main(args.rest) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastrl", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("train", help="train with a YAML config and key=value overrides")
+    p.add_argument("overrides", nargs="*", help="[CONFIG.yaml] key=value ... (see --list-keys)")
+    p.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID exactly from its last checkpoint")
+    p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
+    p.set_defaults(func=_train)
+
+    p = commands.add_parser("eval", help="greedy accuracy of a model on a split; result into the store")
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--dataset", default="synthetic")
+    p.add_argument("--split", default="test")
+    p.add_argument("--template", default="math")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted) instead of failing")
+    p.add_argument("--store", default="runs")
+    p.set_defaults(func=_eval)
+
+    p = commands.add_parser("warmstart", help="supervised warm start of the embedded tiny VLM")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_warmstart)
+
+    p = commands.add_parser("data", help="write the synthetic geometry dataset")
+    p.add_argument("--out", required=True)
+    p.add_argument("--n-train", type=int, default=2048)
+    p.add_argument("--n-test", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_data)
+
+    p = commands.add_parser("store", help="store maintenance")
+    store_commands = p.add_subparsers(dest="store_command", required=True)
+    c = store_commands.add_parser("compact", help="materialise runs into single DuckDB files")
+    c.add_argument("store_dir")
+    c.add_argument("--run", default=None)
+    c.set_defaults(func=_store)
+
+    for name, func, text in (("app", _app, "serve the dashboard"),
+                             ("demo", _demo, "train FastRL then GRPO on the embedded default with the live dashboard")):
+        p = commands.add_parser(name, help=text)
+        p.add_argument("--store", default="runs")
+        p.add_argument("--port", type=int, default=8501)
+        p.add_argument("--address", default="127.0.0.1")
+        if name == "demo":
+            p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the demo config)")
+        p.set_defaults(func=func)
+
+    p = commands.add_parser("bench", help="side-by-side benchmark of GRPO, baselines and FastRL")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

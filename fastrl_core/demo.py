@@ -1,0 +1,60 @@
+"""`fastrl demo`: train FastRL, then a GRPO baseline, on the embedded default while the dashboard serves.
+
+The runs go one after another (the machine has 2 cores) in a child process each, writing the store
+the app reads live. Ctrl-C stops the training child and the app and leaves every finished step readable.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEMO_RUNS = (
+    ("fastrl", ["pruner=fastrl", "budget=adaptive"]),
+    ("grpo", ["pruner=none", "budget=fixed"]),
+)
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"
+
+
+def training_command(store: Path, name: str, overrides: list[str], steps: int | None) -> list[str]:
+    command = [sys.executable, "-m", "fastrl_core.cli", "train", str(CONFIG), f"store_dir={store}", f"run_name={name}",
+               *overrides]
+    if steps is not None:
+        command.append(f"steps={steps}")
+    return command
+
+
+def run_demo(*, store: Path, port: int, address: str, steps: int | None) -> int:
+    from app.launch import serve, wait_healthy
+
+    store.mkdir(parents=True, exist_ok=True)
+    app = serve(store, port=port, address=address)
+    trainer: subprocess.Popen | None = None
+    try:
+        wait_healthy(port, timeout=90)
+        print(f"\nFastRL dashboard: http://{address}:{port}   (store: {store}; Ctrl-C stops)\n", flush=True)
+        for name, overrides in DEMO_RUNS:
+            print(f"== training {name} ({' '.join(overrides)})", flush=True)
+            trainer = subprocess.Popen(training_command(store, name, overrides, steps))
+            if trainer.wait() != 0:
+                print(f"training {name} failed with exit code {trainer.returncode}", file=sys.stderr)
+                return trainer.returncode
+            trainer = None
+        print(f"\nBoth runs finished. The dashboard stays up at http://{address}:{port} until Ctrl-C.", flush=True)
+        while app.poll() is None:
+            time.sleep(1)
+        return 0
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    finally:
+        for process in (trainer, app):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()

@@ -1,0 +1,334 @@
+"""Policy losses for GRPO-style RL, chosen by name: "grpo", "dapo", "gspo", "gspo_token", "dr_grpo".
+
+Shapes: B rollouts, T response positions. Every loss takes per-token log-probs of the sampled tokens
+under the current policy (`logprobs`, differentiable), the policy that sampled them (`old_logprobs`) and
+optionally a reference model (`ref_logprobs`), all (B, T); one advantage per rollout (B,); and a
+`response_mask` (B, T) of real response tokens. Old and reference log-probs are treated as constants
+(detached). Padding positions are neutralised before any `exp`, so garbage there cannot give inf/NaN.
+
+All losses are the PPO clipped surrogate (Schulman et al. 2017, eq. 7) on some importance ratio r,
+    l = -min(r·A, clip(r, 1 - epsilon, 1 + epsilon_high)·A)  (+ beta·k3 KL to the reference per token),
+reduced by one of the `AGGREGATIONS`. What differs is the ratio and the defaults:
+
+| loss        | ratio                                   | epsilon / epsilon_high | aggregation              |
+|-------------|-----------------------------------------|------------------------|--------------------------|
+| grpo        | token π/π_old                           | 0.2 / 0.2              | seq_mean_token_mean      |
+| dapo        | token π/π_old                           | 0.2 / 0.28             | token_mean               |
+| dr_grpo     | token π/π_old                           | 0.2 / 0.2              | seq_mean_token_sum_norm  |
+| gspo        | sequence s_i = exp(mean_t log π/π_old)  | 3e-4 / 4e-4            | seq_mean_token_mean      |
+| gspo_token  | sg[s_i]·π_t/sg[π_t] (value s_i)         | 3e-4 / 4e-4            | seq_mean_token_mean      |
+
+Names follow TRL's GRPOTrainer (`epsilon`, `epsilon_high`, `beta`, `max_completion_length` -> `max_length`);
+aggregation names spell out what they compute instead of TRL's loss_type names (grpo / dapo / dr_grpo).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from fastrl_core.algo.registry import Registry
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """A policy loss and its diagnostics.
+
+    loss: scalar, differentiable w.r.t. `logprobs`.
+    metrics: floats, unweighted by `rollout_weights`:
+      clip_fraction       share of ratio entries whose gradient the clip removes (r > 1+eps_high with A > 0, or
+                          r < 1-eps with A < 0; TRL's clip_ratio/region_mean); over response tokens, or over
+                          non-empty rollouts for the sequence-level `gspo`;
+      clip_fraction_low / clip_fraction_high   the two sides of it;
+      ratio_mean          mean importance ratio over the same entries;
+      kl                  mean k3 KL to the reference over response tokens (0.0 without `ref_logprobs`).
+    """
+
+    loss: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# --- Aggregation: per-token losses (B, T) -> scalar ---------------------------------------------------
+
+Aggregation = Callable[[Tensor, Tensor, int], Tensor]
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def _seq_mean_token_mean(masked: Tensor, mask: Tensor, max_length: int) -> Tensor:
+    """Mean over each rollout's response tokens, then over the B rollouts (GRPO, DeepSeekMath eq. 3).
+
+    A rollout with no response tokens contributes 0 and still counts in B (as in TRL)."""
+    return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+@AGGREGATIONS.register("token_mean")
+def _token_mean(masked: Tensor, mask: Tensor, max_length: int) -> Tensor:
+    """Mean over all response tokens of the batch (DAPO, Yu et al. 2025, eq. 8; TRL "bnpo"/"dapo")."""
+    return masked.sum() / mask.sum().clamp(min=1)
+
+
+@AGGREGATIONS.register("seq_mean_token_sum_norm")
+def _seq_mean_token_sum_norm(masked: Tensor, mask: Tensor, max_length: int) -> Tensor:
+    """Sum over all response tokens / (B · max_length), a constant normaliser (Dr.GRPO, Liu et al. 2025, §3.1)."""
+    return masked.sum() / (masked.shape[0] * max_length)
+
+
+def aggregate(
+    per_token: Tensor,
+    response_mask: Tensor,
+    mode: str,
+    *,
+    max_length: int | None = None,
+    rollout_weights: Tensor | None = None,
+) -> Tensor:
+    """Reduce per-token values (B, T) over response tokens (B, T) to a scalar by `mode` (see `AGGREGATIONS`).
+
+    rollout_weights (B,) multiplies each rollout's values; normalisers are unchanged, so all-ones == None.
+    max_length is used only by "seq_mean_token_sum_norm": None means T, the batch's padded response length.
+    """
+    reduce = AGGREGATIONS.get(mode)
+    mask = response_mask.bool()
+    if max_length is None:
+        max_length = max(per_token.shape[-1], 1)
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+    masked = torch.where(mask, per_token, torch.zeros_like(per_token))  # (B, T)
+    if rollout_weights is not None:
+        masked = masked * rollout_weights.to(masked.dtype).unsqueeze(-1)
+    return reduce(masked, mask, max_length)
+
+
+# --- Shared pieces -----------------------------------------------------------------------------------
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(π || π_ref): exp(ref - lp) - (ref - lp) - 1 >= 0  (B, T).
+
+    Schulman, "Approximating KL Divergence" (2020); DeepSeekMath eq. 4; TRL's per_token_kl."""
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1
+
+
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, epsilon: float, epsilon_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO clipped surrogate loss -min(r·A, clip(r, 1-eps, 1+eps_high)·A) (Schulman et al. 2017 eq. 7;
+    asymmetric bounds: DAPO "clip-higher", eq. 10).  ratio (B, T) or (B, 1); advantages (B, 1).
+
+    Returns (loss like ratio, low_clipped, high_clipped): the masks of entries whose gradient the clip removes."""
+    clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
+    loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    low_clipped = (ratio < 1 - epsilon) & (advantages < 0)
+    high_clipped = (ratio > 1 + epsilon_high) & (advantages > 0)
+    return loss, low_clipped, high_clipped
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    """Mean of `values` where `mask` (same shape) holds; 0.0 if it holds nowhere."""
+    return float(torch.where(mask, values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1))
+
+
+def _clipped_policy_loss(
+    log_ratio: Tensor,
+    logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logprobs: Tensor | None,
+    rollout_weights: Tensor | None,
+    *,
+    epsilon: float,
+    epsilon_high: float | None,
+    beta: float,
+    aggregation: str,
+    max_length: int | None,
+) -> LossOutput:
+    """Clipped surrogate on exp(log_ratio) ((B, T) token-level or (B, 1) sequence-level) + beta·k3, aggregated."""
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    if not 0 <= epsilon < 1 or epsilon_high < 0:
+        raise ValueError(f"need 0 <= epsilon < 1 and epsilon_high >= 0, got {epsilon}, {epsilon_high}")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError(f"beta={beta} > 0 adds a KL term to the reference model: pass ref_logprobs (B, T)")
+    ratio = torch.exp(log_ratio)
+    per_token, low_clipped, high_clipped = clipped_surrogate(ratio, advantages.unsqueeze(-1), epsilon, epsilon_high)
+    per_token = per_token.expand_as(logprobs)  # (B, T)
+    kl = None
+    if ref_logprobs is not None:
+        zeros = torch.zeros_like(logprobs)
+        kl = kl_k3(torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs, zeros))  # (B, T)
+        if beta > 0:
+            per_token = per_token + beta * kl
+    loss = aggregate(per_token, mask, aggregation, max_length=max_length, rollout_weights=rollout_weights)
+    with torch.no_grad():
+        ratio_mask = mask if ratio.shape == mask.shape else mask.any(-1, keepdim=True)  # tokens or rollouts
+        ratio_mask = ratio_mask.expand_as(ratio)
+        metrics = {
+            "clip_fraction": _masked_mean((low_clipped | high_clipped).to(ratio.dtype), ratio_mask),
+            "clip_fraction_low": _masked_mean(low_clipped.to(ratio.dtype), ratio_mask),
+            "clip_fraction_high": _masked_mean(high_clipped.to(ratio.dtype), ratio_mask),
+            "ratio_mean": _masked_mean(ratio, ratio_mask),
+            "kl": 0.0 if kl is None else _masked_mean(kl, mask),
+        }
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def _token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log π/π_old per response token, 0 on padding  (B, T)."""
+    return torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+
+
+def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log s_i = mean over response tokens of log π/π_old (GSPO eq. 7); 0 for an empty rollout  (B, 1)."""
+    token = _token_log_ratio(logprobs, old_logprobs, mask)
+    return token.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+
+
+# --- The losses ----------------------------------------------------------------------------------------
+
+PolicyLoss = Callable[..., LossOutput]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+@POLICY_LOSSES.register("grpo")
+def grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
+         epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+         aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
+    """GRPO (Shao et al. 2024, DeepSeekMath eq. 3): token ratio, clip epsilon (epsilon_high None = epsilon),
+    KL-as-loss beta·k3, mean over each sequence's tokens then over the batch."""
+    return _clipped_policy_loss(
+        _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
+        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+
+
+@POLICY_LOSSES.register("dapo")
+def dapo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
+         epsilon: float = 0.2, epsilon_high: float | None = 0.28, beta: float = 0.0,
+         aggregation: str = "token_mean", max_length: int | None = None) -> LossOutput:
+    """DAPO (Yu et al. 2025, eq. 8): clip-higher 0.2 / 0.28 (eq. 10), token-mean over the batch, no KL.
+    Its overlong shaping is `overlong_reward_penalty` (a reward term); dynamic sampling is a pruner."""
+    return _clipped_policy_loss(
+        _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
+        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+
+
+@POLICY_LOSSES.register("dr_grpo")
+def dr_grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
+            epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+            aggregation: str = "seq_mean_token_sum_norm", max_length: int | None = None) -> LossOutput:
+    """Dr.GRPO (Liu et al. 2025, §3.1 / eq. 3 with constant normaliser): token sums / (B · max_length).
+    max_length should be the generation limit (TRL's max_completion_length); None uses T of this batch,
+    which is only constant if batches are padded to a fixed length. Pair with `mean_only` advantages."""
+    return _clipped_policy_loss(
+        _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
+        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
+         epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
+         aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
+    """GSPO (Zheng et al. 2025, eq. 5-7): sequence ratio s_i = exp(mean_t log π/π_old), clipped per sequence
+    to [1 - 3e-4, 1 + 4e-4] (the paper's §5.1 ranges), one term per rollout averaged over the batch, no KL."""
+    return _clipped_policy_loss(
+        _sequence_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs,
+        rollout_weights, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
+        max_length=max_length)
+
+
+@POLICY_LOSSES.register("gspo_token")
+def gspo_token(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
+               epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
+               aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
+    """GSPO-token (Zheng et al. 2025, eq. 13-14): per-token ratio s_i,t = sg[s_i]·π_t/sg[π_t], whose value is
+    s_i and whose gradient flows through each token. With one advantage per rollout, value, clipping and
+    gradient equal `gspo`'s (paper §4.3); it exists for per-token advantages."""
+    log_ratio = _sequence_log_ratio(logprobs, old_logprobs, mask).detach() + logprobs - logprobs.detach()
+    log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))  # (B, T)
+    return _clipped_policy_loss(
+        log_ratio, logprobs, advantages, mask, ref_logprobs, rollout_weights,
+        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+
+
+_TENSOR_ARGS = {"ref_logprobs", "rollout_weights"}
+
+
+def hyperparameters(name: str) -> dict[str, object]:
+    """The hyperparameters of loss `name` with their defaults."""
+    signature = inspect.signature(POLICY_LOSSES.get(name))
+    return {
+        p.name: p.default for p in signature.parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _TENSOR_ARGS
+    }
+
+
+def _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights) -> Tensor:
+    """Raise a ValueError naming the argument whose shape is wrong; return the mask as bool."""
+    if logprobs.dim() != 2 or logprobs.shape[0] == 0:
+        raise ValueError(f"logprobs must be (B, T) with B >= 1, got shape {tuple(logprobs.shape)}")
+    B = logprobs.shape[0]
+    expected = {"old_logprobs": (old_logprobs, logprobs.shape), "response_mask": (response_mask, logprobs.shape),
+                "ref_logprobs": (ref_logprobs, logprobs.shape), "advantages": (advantages, (B,)),
+                "rollout_weights": (rollout_weights, (B,))}
+    for arg, (tensor, shape) in expected.items():
+        if tensor is not None and tuple(tensor.shape) != tuple(shape):
+            raise ValueError(f"{arg} must have shape {tuple(shape)} like logprobs, got {tuple(tensor.shape)}")
+    if response_mask.dtype != torch.bool:
+        if not bool(((response_mask == 0) | (response_mask == 1)).all()):
+            raise ValueError("response_mask must be bool or hold only 0 and 1")
+        response_mask = response_mask.bool()
+    return response_mask
+
+
+def policy_loss(
+    name: str,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    ref_logprobs: Tensor | None = None,
+    rollout_weights: Tensor | None = None,
+    **hyperparams,
+) -> LossOutput:
+    """Loss `name` (see `POLICY_LOSSES`) on log-probs (B, T), advantages (B,), response_mask (B, T).
+
+    rollout_weights (B,): per-rollout weights (e.g. importance weights after pruning) multiplying each rollout's
+    contribution with the normaliser unchanged; None == all ones. hyperparams: that loss's keyword arguments
+    (`hyperparameters(name)` lists them with defaults); an unknown one raises TypeError naming the valid ones.
+    """
+    loss_fn = POLICY_LOSSES.get(name)
+    valid = hyperparameters(name)
+    unknown = sorted(set(hyperparams) - set(valid))
+    if unknown:
+        raise TypeError(f"policy loss {name!r} got unknown hyperparameter(s) {unknown}; valid: {sorted(valid)}")
+    mask = _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights)
+    return loss_fn(
+        logprobs, old_logprobs.detach(), advantages.detach().to(logprobs.dtype), mask,
+        ref_logprobs=None if ref_logprobs is None else ref_logprobs.detach(),
+        rollout_weights=None if rollout_weights is None else rollout_weights.detach(),
+        **hyperparams,
+    )
+
+
+# --- Reward shaping ------------------------------------------------------------------------------------
+
+
+def overlong_reward_penalty(
+    lengths: Tensor, *, max_length: int, buffer_length: int, penalty_factor: float = 1.0
+) -> Tensor:
+    """DAPO soft overlong punishment (Yu et al. 2025, eq. 13), added to the reward  (N,) float.
+
+    0 for len <= max_length - buffer_length; (max_length - buffer_length - len) / buffer_length · penalty_factor
+    inside the buffer (linear from 0 to -penalty_factor at len = max_length); -penalty_factor beyond max_length."""
+    if not 0 < buffer_length <= max_length:
+        raise ValueError(f"need 0 < buffer_length <= max_length, got {buffer_length} and {max_length}")
+    lengths = lengths.to(torch.get_default_dtype()) if not lengths.is_floating_point() else lengths
+    inside = (max_length - buffer_length - lengths) / buffer_length
+    penalty = inside.clamp(min=-1.0, max=0.0)  # 0 before the buffer; -1 at and beyond max_length
+    return penalty * penalty_factor

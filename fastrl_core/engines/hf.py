@@ -1,0 +1,273 @@
+"""Rollout engine on HF `generate` (CPU or GPU): sampled tokens, behaviour log-probs and lm_head sketches in one pass,
+and the re-scoring forward the trainer runs for the policy, old and reference log-probs.
+
+Each distinct prompt's image is encoded ONCE per call and its visual embeddings are shared by all of that prompt's
+rollouts: the vision tower runs on the P prompt images, and the N-row batch gets them through transformers'
+`mm_encoder_outputs` (pre-encoded image features, one entry per row, rows of a prompt pointing at the same
+tensor), with `image_grid_thw` / `mm_token_type_ids` expanded so the 3-D mRoPE positions are the usual ones.
+`share_images=False` is the naive path (pixels repeated per rollout), kept to check and measure the saving.
+
+Randomness: HF sampling draws from torch's global RNG. `generate` seeds it from the passed generator (one int64
+draw) inside `torch.random.fork_rng`, so a generator in a given state gives the same rollouts and the caller's
+global RNG is left untouched.
+
+Log-probs and sketches use the model's own distribution, softmax(raw logits) (`output_logits`, before temperature
+and the vision-token suppression), so `behaviour_logprobs` equal a fresh forward's log π(y_t) for any temperature;
+at temperature 1 that is also the sampling distribution (up to the suppressed vision tokens' mass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import GenerationConfig
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from fastrl_core.policy import Policy, load_image
+
+
+@dataclass
+class Rollouts:
+    """Sampled completions for a step's prompts; row i belongs to prompt `prompt_index[i]`."""
+
+    prompt_index: Tensor  # (N,) long: index into the step's prompt list
+    completion_ids: Tensor  # (N, T) right-padded sampled tokens (pad after EOS)
+    completion_mask: Tensor  # (N, T) bool: True up to and including EOS
+    completion_text: list[str]  # (N,) decoded, special tokens dropped
+    behaviour_logprobs: Tensor  # (N, T) float32 log π_old(y_t) from the sampling pass, 0 where masked
+    sketches: Tensor | None  # (N, D) advantage-free lm_head sketches, or None without a projection
+
+    def __len__(self) -> int:
+        return self.prompt_index.shape[0]
+
+
+@dataclass
+class PromptBatch:
+    """The processor's output for P prompts (left-padded), images kept per prompt."""
+
+    input_ids: Tensor  # (P, L)
+    attention_mask: Tensor  # (P, L)
+    mm_token_type_ids: Tensor  # (P, L): 0 text, 1 image
+    pixel_values: list[Tensor]  # P x (patches_p, C·t·p·p)
+    image_grid_thw: Tensor  # (P, 3)
+
+
+def _first_true_inclusive_mask(is_end: Tensor) -> Tensor:
+    """(N, T) bool: True up to and including the first True of `is_end` in each row (all True if none)."""
+    ends_before = torch.cumsum(is_end.long(), dim=1) - is_end.long()  # EOS count strictly before t
+    return ends_before == 0
+
+
+class HFEngine:
+    """Samples rollouts with `policy.model.generate` and re-scores them with a forward pass."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        template: str = "math",
+        max_new_tokens: int = 32,
+        temperature: float = 1.0,
+        sketch_projection=None,
+        sketch_top_k: int = 64,
+        share_images: bool = True,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use `greedy` for argmax decoding), got {temperature}")
+        self.policy = policy
+        self.template = template
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.sketch_projection = sketch_projection
+        self.sketch_top_k = sketch_top_k
+        self.share_images = share_images
+        self._cached: tuple[tuple[str, ...], PromptBatch] | None = None
+        config = policy.model.generation_config
+        eos = config.eos_token_id if config.eos_token_id is not None else policy.eos_token_id
+        self.eos_token_ids = sorted({*(eos if isinstance(eos, list) else [eos]), policy.eos_token_id})
+        pad = config.pad_token_id if config.pad_token_id is not None else policy.tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else self.eos_token_ids[0])
+
+    # ---- prompts and images -------------------------------------------------------------------------------------
+
+    def prompt_batch(self, problems: Sequence) -> PromptBatch:
+        """Tokenised prompts + pixels for `problems` (the last call's result is reused for the same problem ids)."""
+        key = (self.template, *(problem.id for problem in problems))
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        processor = self.policy.processor
+        texts = [self.policy.chat_prompt(problem, self.template) for problem in problems]
+        images = [load_image(problem.image_path) for problem in problems]  # clear error naming a missing file
+        processor.tokenizer.padding_side = "left"
+        encoded = processor(text=texts, images=images, padding=True, return_tensors="pt")
+        grid = encoded["image_grid_thw"]
+        patches = grid.prod(dim=-1).tolist()
+        batch = PromptBatch(
+            input_ids=encoded["input_ids"],
+            attention_mask=encoded["attention_mask"],
+            mm_token_type_ids=encoded["mm_token_type_ids"],
+            pixel_values=list(torch.split(encoded["pixel_values"], patches)),
+            image_grid_thw=grid,
+        )
+        self._cached = (key, batch)
+        return batch
+
+    def _vision_inputs(self, model, prompts: PromptBatch, prompt_index: Tensor) -> dict:
+        """Image inputs for rows `prompt_index` (N,): the vision tower runs once per distinct prompt (shared path)
+        or once per row (naive path). Runs with grad if grad is enabled."""
+        grid = prompts.image_grid_thw[prompt_index]  # (N, 3)
+        if not self.share_images:
+            pixels = torch.cat([prompts.pixel_values[i] for i in prompt_index.tolist()])
+            return {"pixel_values": pixels.to(model.device), "image_grid_thw": grid.to(model.device)}
+        distinct, row_to_distinct = torch.unique(prompt_index, return_inverse=True)
+        pixels = torch.cat([prompts.pixel_values[i] for i in distinct.tolist()]).to(model.device)
+        features = model.get_image_features(pixels, prompts.image_grid_thw[distinct].to(model.device))
+        per_prompt = features.pooler_output  # tuple of (tokens_p, hidden), one per distinct prompt
+        per_row = [per_prompt[j] for j in row_to_distinct.tolist()]
+        return {
+            "image_grid_thw": grid.to(model.device),
+            "mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=per_row)},
+        }
+
+    # ---- sampling -----------------------------------------------------------------------------------------------
+
+    def _generation_config(self, *, do_sample: bool, max_new_tokens: int, **outputs) -> GenerationConfig:
+        """A fresh config (a real checkpoint's top_k / top_p / repetition penalty would change the distribution)."""
+        sampling = dict(temperature=self.temperature, top_k=0, top_p=1.0) if do_sample else {}
+        return GenerationConfig(
+            do_sample=do_sample,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            suppress_tokens=list(self.policy.suppress_token_ids) or None,
+            use_cache=True,
+            **sampling,
+            **outputs,
+        )
+
+    def _run_generate(self, prompts: PromptBatch, prompt_index: Tensor, config: GenerationConfig):
+        model = self.policy.model
+        inputs = dict(
+            input_ids=prompts.input_ids[prompt_index].to(model.device),
+            attention_mask=prompts.attention_mask[prompt_index].to(model.device),
+            mm_token_type_ids=prompts.mm_token_type_ids[prompt_index].to(model.device),
+        )
+        with torch.no_grad():
+            inputs |= self._vision_inputs(model, prompts, prompt_index)
+            return model.generate(**inputs, generation_config=config)
+
+    def generate(
+        self,
+        problems: Sequence,
+        rollouts_per_prompt: Sequence[int],
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Rollouts:
+        """Sample `rollouts_per_prompt[p]` completions of each problem p (counts may differ, 0 allowed)."""
+        if len(rollouts_per_prompt) != len(problems):
+            raise ValueError(f"rollouts_per_prompt has {len(rollouts_per_prompt)} entries for {len(problems)} problems")
+        counts = torch.as_tensor(list(rollouts_per_prompt), dtype=torch.long)
+        if (counts < 0).any():
+            raise ValueError(f"rollouts_per_prompt must be >= 0, got {counts.tolist()}")
+        prompt_index = torch.repeat_interleave(torch.arange(len(problems)), counts)  # (N,)
+        if prompt_index.numel() == 0:
+            empty = torch.zeros(0, 0)
+            return Rollouts(prompt_index, empty.long(), empty.bool(), [], empty, None)
+        prompts = self.prompt_batch(problems)
+        want_sketch = self.sketch_projection is not None
+        config = self._generation_config(
+            do_sample=True,
+            max_new_tokens=self.max_new_tokens,
+            return_dict_in_generate=True,
+            output_logits=True,
+            output_hidden_states=want_sketch,
+        )
+        seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            out = self._run_generate(prompts, prompt_index, config)
+        prompt_length = prompts.input_ids.shape[1]
+        completion_ids = out.sequences[:, prompt_length:].cpu()  # (N, T)
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))
+        completion_mask = _first_true_inclusive_mask(is_eos)
+        completion_ids = completion_ids.masked_fill(~completion_mask, self.pad_token_id)
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (N, T, V) raw, before temperature/suppression
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids[..., None]).squeeze(-1)
+        behaviour_logprobs = logprobs.masked_fill(~completion_mask, 0.0)
+        sketches = self._sketches(out, logits, completion_ids, completion_mask) if want_sketch else None
+        return Rollouts(
+            prompt_index=prompt_index,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            completion_text=self.decode(completion_ids, completion_mask),
+            behaviour_logprobs=behaviour_logprobs,
+            sketches=sketches,
+        )
+
+    def _sketches(self, out, logits: Tensor, tokens: Tensor, mask: Tensor) -> Tensor:
+        """Accumulate lm_head sketches over decoding steps from generate's own hidden states and logits.
+
+        `hidden_states[s][-1]` is the decoder's output after the final RMSNorm, i.e. the lm_head input that
+        produced `logits[s]` (tests/test_engine.py checks lm_head(h) == logits)."""
+        from fastrl_core.algo.sketches import LmHeadSketcher
+
+        sketcher = LmHeadSketcher(tokens.shape[0], self.sketch_projection, top_k=self.sketch_top_k)
+        for step, layers in enumerate(out.hidden_states):
+            hidden = layers[-1][:, -1].float().cpu()  # (N, d) hidden state at the position predicting token `step`
+            sketcher.update(hidden, logits[:, step], tokens[:, step], mask[:, step])
+        return sketcher.result()
+
+    def decode(self, completion_ids: Tensor, completion_mask: Tensor) -> list[str]:
+        """Texts of the masked completions, special tokens dropped."""
+        tokenizer = self.policy.tokenizer
+        rows = [ids[mask].tolist() for ids, mask in zip(completion_ids, completion_mask)]
+        return tokenizer.batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def greedy(self, problems: Sequence, *, batch_size: int = 64) -> list[str]:
+        """Argmax-decoded completion text for each problem, in batches of `batch_size` prompts."""
+        texts: list[str] = []
+        config = self._generation_config(do_sample=False, max_new_tokens=self.max_new_tokens)
+        for start in range(0, len(problems), batch_size):
+            chunk = problems[start : start + batch_size]
+            prompts = self.prompt_batch(chunk)
+            sequences = self._run_generate(prompts, torch.arange(len(chunk)), config)
+            ids = sequences[:, prompts.input_ids.shape[1] :].cpu()
+            mask = _first_true_inclusive_mask(torch.isin(ids, torch.tensor(self.eos_token_ids)))
+            texts += self.decode(ids, mask)
+        return texts
+
+    # ---- re-scoring ---------------------------------------------------------------------------------------------
+
+    def token_logprobs(self, model, problems: Sequence, rollouts: Rollouts, index: Tensor) -> Tensor:
+        """log `model`(y_t | prompt, y_<t) for rollouts[index]: (n, T) float32, 0 where masked, with grad if enabled.
+
+        One forward over prompt + completion; completion tokens get text mRoPE positions following the prompt's
+        (`mm_token_type_ids` extended with zeros); logits only for the last T + 1 positions."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        prompts = self.prompt_batch(problems)
+        prompt_index = rollouts.prompt_index[index]  # (n,)
+        completion_ids = rollouts.completion_ids[index]  # (n, T)
+        completion_mask = rollouts.completion_mask[index]  # (n, T)
+        full_length = completion_ids.shape[1]
+        length = int(completion_mask.sum(dim=1).max()) if index.numel() else 0  # trim the all-pad tail
+        completion_ids, completion_mask = completion_ids[:, :length], completion_mask[:, :length]
+        device = model.device
+        input_ids = torch.cat([prompts.input_ids[prompt_index], completion_ids], dim=1)
+        attention_mask = torch.cat([prompts.attention_mask[prompt_index], completion_mask.long()], dim=1)
+        mm_token_type_ids = torch.cat(
+            [prompts.mm_token_type_ids[prompt_index], torch.zeros_like(completion_ids)], dim=1
+        )
+        inputs = dict(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            mm_token_type_ids=mm_token_type_ids.to(device),
+        )
+        inputs |= self._vision_inputs(model, prompts, prompt_index)
+        logits = model(**inputs, use_cache=False, logits_to_keep=length + 1).logits[:, :-1]  # (n, T', V)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        token_logprobs = logprobs.gather(-1, completion_ids.to(device)[..., None]).squeeze(-1)
+        token_logprobs = token_logprobs.masked_fill(~completion_mask.to(device), 0.0)
+        return torch.nn.functional.pad(token_logprobs, (0, full_length - length))

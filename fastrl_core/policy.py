@@ -1,0 +1,305 @@
+"""The policy: a vision-language model, its processor and the prompt format, behind one small type.
+
+Two ways in, one code path after:
+- `"embedded"` (the default) loads the tiny Qwen2.5-VL shipped in `data/warmstart/`: a real
+  `Qwen2_5_VLForConditionalGeneration` built from config (`build_tiny_vlm`) with a byte-level BPE tokenizer
+  trained locally (`build_tokenizer`), warm-started by `fastrl_core.warmstart`.
+- a hub name or local path loads with `AutoProcessor` / `AutoModelForImageTextToText`.
+
+CPU gotchas handled here (NOTES §2): without torchvision, `Qwen2_5_VLProcessor(...)` fails at construction
+(its video-processor class check), so the processor is rebuilt from `AutoImageProcessor` (which then picks the
+`*ImageProcessorPil` backend) and the tokenizer, with the video check skipped; vision special tokens are never
+to be sampled (`Policy.suppress_token_ids`), or the next forward fails on an image-token count mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from PIL import Image
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+)
+
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "data" / "warmstart"
+
+# Qwen2's special tokens (same strings as the real models, so prompts and chat templates carry over).
+PAD_TOKEN = "<|endoftext|>"
+EOS_TOKEN = "<|im_end|>"
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+SPECIAL_TOKENS = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN, *VISION_TOKENS)
+
+# Qwen2's pre-tokenizer split: single digits, letters with contractions, punctuation runs, whitespace.
+QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Qwen2-VL's chat template without its default system message (shorter prompts for the tiny model).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Images of the embedded task are 112x112 -> 8x8 patches of 14 -> 16 tokens after the 2x2 merge; larger
+# images are scaled down to at most that many pixels.
+TINY_IMAGE_PIXELS = 112 * 112
+
+
+@dataclass
+class Policy:
+    """A VLM with its processor. `suppress_token_ids`: vision special tokens never to sample."""
+
+    model: transformers.PreTrainedModel
+    processor: Any
+    suppress_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        return self.processor.tokenizer
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids(EOS_TOKEN) if EOS_TOKEN in self.tokenizer.get_vocab() else (
+            self.tokenizer.eos_token_id
+        )
+
+    def chat_prompt(self, problem, template: str) -> str:
+        """Chat-template text for `problem` (user turn: one image, then the rendered question)."""
+        from fastrl_core.data.templates import render_prompt
+
+        messages = [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": render_prompt(problem, template)}]}
+        ]
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """The diagram at `path` as RGB (clear error naming the file if missing)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image not found: {path}")
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on `corpus`, with Qwen2's special tokens, pre-tokenizer split and chat template.
+
+    Special tokens take ids 0..7 (`<|endoftext|>` = pad, `<|im_end|>` = eos). Deterministic for a given corpus.
+    """
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_vlm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+    """A randomly initialised tiny Qwen2.5-VL (NOTES §2): text hidden 128, 2 layers, 4 heads / 2 kv heads;
+    vision depth 2, hidden 64, patch 14, merge 2. Token ids come from `tokenizer`; deterministic by `seed`."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = 128 // 4
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            # mrope_section (temporal, height, width) must sum to head_dim / 2.
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]},
+            bos_token_id=ids[PAD_TOKEN],
+            eos_token_id=ids[EOS_TOKEN],
+            pad_token_id=ids[PAD_TOKEN],
+            tie_word_embeddings=False,
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[1],
+            out_hidden_size=128,
+            tokens_per_second=2,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    assert sum(config.text_config.rope_parameters["mrope_section"]) == head_dim // 2
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = ids[EOS_TOKEN]
+    model.generation_config.pad_token_id = ids[PAD_TOKEN]
+    model.generation_config.bos_token_id = ids[PAD_TOKEN]
+    return model.eval()
+
+
+class _ProcessorWithoutVideo:
+    """Mixin: skip the video-processor class check when no video processor is given (torchvision absent)."""
+
+    def check_argument_for_proper_class(self, argument_name, argument):
+        if argument is None and argument_name == "video_processor":
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+class TinyQwen2_5_VLProcessor(_ProcessorWithoutVideo, Qwen2_5_VLProcessor):
+    """`Qwen2_5_VLProcessor` for images only, constructible without torchvision."""
+
+
+def build_processor(tokenizer: PreTrainedTokenizerFast, image_processor=None) -> Qwen2_5_VLProcessor:
+    """Images-only Qwen2.5-VL processor: `Qwen2VLImageProcessorPil` (at most 112x112 pixels) + `tokenizer`."""
+    if image_processor is None:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=TINY_IMAGE_PIXELS)
+    return TinyQwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=tokenizer.chat_template,
+    )
+
+
+def vision_token_ids(tokenizer, model_config) -> list[int]:
+    """Ids of every vision special token the tokenizer or config knows (never to be sampled)."""
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS if t in tokenizer.get_vocab()}
+    for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        if getattr(model_config, key, None) is not None:
+            ids.add(int(getattr(model_config, key)))
+    return sorted(ids)
+
+
+def _load_processor(path: str | Path):
+    """AutoProcessor; without torchvision (CPU), the same processor class rebuilt without a video processor."""
+    try:
+        return AutoProcessor.from_pretrained(path)
+    except (AttributeError, ImportError, TypeError, ValueError, OSError) as auto_error:
+        image_processor = AutoImageProcessor.from_pretrained(path)  # picks the *Pil backend without torchvision
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        processor_class = _processor_class(path)
+        if processor_class is None:
+            raise auto_error
+        compatible = type(processor_class.__name__, (_ProcessorWithoutVideo, processor_class), {})
+        attributes = processor_class.get_attributes()
+        kwargs = {"image_processor": image_processor, "tokenizer": tokenizer}
+        if "video_processor" in attributes:
+            kwargs["video_processor"] = None
+        return compatible(**kwargs, chat_template=_chat_template(path, tokenizer))
+
+
+def _processor_class(path: str | Path):
+    """The processor class named by the checkpoint's processor/tokenizer config, or None."""
+    from transformers.models.auto.processing_auto import processor_class_from_name
+
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        config = _read_json(path, name)
+        class_name = (config or {}).get("processor_class")
+        if class_name:
+            return processor_class_from_name(class_name)
+    return None
+
+
+def _chat_template(path: str | Path, tokenizer) -> str | None:
+    for name in ("chat_template.jinja", "chat_template.json"):
+        text = _read_text(path, name)
+        if text is not None:
+            return json.loads(text)["chat_template"] if name.endswith(".json") else text
+    config = _read_json(path, "processor_config.json") or {}
+    return config.get("chat_template") or tokenizer.chat_template
+
+
+def _read_text(path: str | Path, name: str) -> str | None:
+    local = Path(path) / name
+    if local.is_file():
+        return local.read_text()
+    if Path(path).exists():
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(str(path), name)).read_text()
+    except Exception:  # noqa: BLE001 - optional file on the hub
+        return None
+
+
+def _read_json(path: str | Path, name: str) -> dict | None:
+    text = _read_text(path, name)
+    return json.loads(text) if text is not None else None
+
+
+def load_policy(
+    model: str | Path = "embedded", *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> Policy:
+    """The shipped warm start (`"embedded"`), or a hub name / local path of any image-text-to-text model."""
+    path = EMBEDDED_DIR if str(model) == "embedded" else model
+    if str(model) == "embedded" and not (EMBEDDED_DIR / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no embedded checkpoint in {EMBEDDED_DIR}: run `python -m fastrl_core.warmstart --out data/warmstart`"
+        )
+    processor = _load_processor(path)
+    processor.tokenizer.padding_side = "left"
+    network = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).to(device).eval()
+    return Policy(network, processor, vision_token_ids(processor.tokenizer, network.config))
+
+
+def save_policy(policy: Policy, path: str | Path) -> None:
+    """Model (safetensors), tokenizer, image processor and chat template, loadable by `load_policy(path)`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+    policy.processor.image_processor.save_pretrained(path)
+    (path / "chat_template.jinja").write_text(policy.processor.chat_template)
+    processor_config = {"processor_class": type(policy.processor).__name__.replace("Tiny", "")}
+    (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")

@@ -389,10 +389,14 @@ def write_dataset(out_dir: Path, *, n_train: int, n_test: int, seed: int = 0, ki
     return out_dir
 
 
-def ensure_dataset(cache_dir: Path, *, n_train: int, n_test: int, seed: int = 0, kinds: Sequence[str] | None = None,
+DEFAULT_N_TRAIN = 2048
+DEFAULT_N_TEST = 256
+
+
+def ensure_dataset(cache_dir: Path, *, n_train: int = DEFAULT_N_TRAIN, n_test: int = DEFAULT_N_TEST, seed: int = 0, kinds: Sequence[str] | None = None,
                    levels: Sequence[int] | None = None, image_size: int = 112) -> Path:
-    """The dataset for these arguments under cache_dir, generated on first use (keyed by the arguments and
-    GENERATOR_VERSION), reused afterwards."""
+    """The dataset for these arguments under cache_dir/synthetic-<key>, generated on first use (key: the arguments
+    and GENERATOR_VERSION), reused afterwards. Default size: 2048 train / 256 test problems."""
     args = {"v": GENERATOR_VERSION, "n_train": n_train, "n_test": n_test, "seed": seed, "image_size": image_size,
             "mix": sorted(dataset_mix(kinds, levels).items())}
     key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]

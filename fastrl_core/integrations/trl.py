@@ -1,0 +1,423 @@
+"""FastRL as a plug-in for TRL's `GRPOTrainer` (trl 1.16): rollout pruning and the run store inside TRL's
+generation-and-scoring step, so every launcher TRL supports (`accelerate launch`, DeepSpeed, FSDP, multi-node)
+trains with FastRL.
+
+The extension point is the one TRL's own `GRPOWithReplayBufferTrainer` uses: `_generate_and_score_completions`.
+TRL 1.16 runs, inside that one method: generate -> old log-prob pass (only when generation and optimisation are
+misaligned, or for vLLM importance sampling) -> reference pass (beta != 0) -> rewards -> advantages. Pruning needs
+the advantages, so it can only come after; what this class does about the two passes that precede it:
+
+- `defer_scoring=True` (default): while TRL's method runs, every no-grad log-prob pass (`old_per_token_logps`,
+  `ref_per_token_logps`) returns a NaN placeholder and is recorded instead of run; after pruning it runs on the
+  KEPT rows only and its result replaces the placeholder. So, as in FastRL's own trainer, the old/ref passes and
+  the update all skip pruned rollouts. A placeholder TRL consumed internally would be silently wrong, so: deferral
+  is switched off where TRL 1.16 does consume the old pass (vLLM importance-sampling correction) or runs the
+  reference pass under a PEFT adapter context, and a placeholder that does not come back in TRL's output raises.
+- `defer_scoring=False`: TRL computes those passes on every rollout and pruning then saves the update only.
+
+With TRL's defaults (beta = 0, steps_per_generation = gradient_accumulation_steps, num_iterations = 1) TRL runs
+neither pass, and the saving is the update's forward + backward on pruned rows.
+
+Per step (TRL's order, FastRL's steps added after its advantages):
+  1. TRL: generate, (deferred) old/ref passes, rewards, group advantages — unchanged, TRL's own config decides them.
+  2. sketch — `token_sketch` of each completion's token set (hashed bits; cheap, on the token ids TRL already has).
+     TRL's generation returns neither hidden states nor top-K log-probs, so the `lm_head`/`logprob` sketches of
+     FastRL's own trainer are not available here; `fastrl`'s k-DPP runs on token-set sketches.
+  3. prune — on the GLOBAL batch: rewards, advantages and sketches are gathered from every process (TRL's
+     prompt groups of `num_generations` rollouts may straddle processes), every process runs the same pruner
+     with the same seed, so all agree on one keep mask without another collective.
+  4. balance — TRL splits each process's batch into `steps_per_generation` equal micro-batches, and its loss
+     gathers per-row metrics with `accelerator.gather`, which needs equal shapes on every process. So every
+     process keeps the same count K = the largest per-process kept count rounded up to a multiple of
+     `steps_per_generation` (never below it), topped up with its own dropped rollouts of largest |A|, round-robin
+     over its groups (the authors' minibatch top-up rule, per process). Topped-up rows are recorded as such.
+  5. drop — every per-row entry of TRL's output (tensors, lists, per-image pixel values) keeps only the kept rows;
+     `num_items_in_batch` is recomputed from the kept tokens (token-mean losses normalise over kept tokens).
+     Pruner loss weights (e.g. `fastrl` with reweight) are folded into the advantages: exact for TRL's clipped
+     surrogate (−min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A)) for w > 0); the KL term stays unweighted.
+  6. deferred old/ref passes on the kept rows; 7. record the step through `RunWriter` (main process only).
+
+Departures, on purpose: no adaptive rollout budget — TRL fixes `num_generations` in its sampler and reshapes
+rewards by it, and its vLLM server mode slices completions by equal per-process counts, so a per-prompt rollout
+count cannot be changed from this hook. The store's `step` is the generation index (one per call of this method
+in training), with TRL's `global_step` as an extra steps column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate.utils import gather, gather_object, is_peft_model
+from torch import Tensor
+from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
+
+from fastrl_core.algo.pruners import GroupBatch, PruneResult, Reason, prune
+from fastrl_core.algo.sketches import token_sketch
+
+TOPPED_UP = "TOPPED_UP"  # store reason of a pruned rollout put back to balance the processes' micro-batches
+PHASES = ("generate", "reward", "sketch", "prune", "logprob", "store")
+
+
+# ----------------------------------------------------------------------------------------------- pure helpers
+def round_robin_order(magnitude: Tensor, group_ids: Tensor) -> Tensor:
+    """Indices ordered round-robin over groups (ascending id), each round taking every group's next-largest
+    `magnitude` (ties by index): the authors' top-up order.  magnitude, group_ids (n,) -> (n,) long."""
+    n = magnitude.numel()
+    if n == 0:
+        return torch.zeros(0, dtype=torch.long)
+    order = torch.argsort(magnitude, descending=True, stable=True)
+    order = order[torch.argsort(group_ids[order], stable=True)]  # grouped by id, largest first within a group
+    _, row, counts = torch.unique_consecutive(group_ids[order], return_inverse=True, return_counts=True)
+    rank = torch.arange(n) - (torch.cumsum(counts, 0) - counts)[row]  # position within its group
+    return order[torch.argsort(rank * counts.numel() + row, stable=True)]
+
+
+def balance_kept(keep_mask: Tensor, advantages: Tensor, group_ids: Tensor, *, num_processes: int,
+                 multiple: int) -> tuple[Tensor, Tensor]:
+    """Top the keep mask up so every process keeps the same count, a multiple of `multiple` (TRL's micro-batches).
+
+    keep_mask, advantages, group_ids (N,) over the global batch, N = num_processes · n; process p owns rows
+    [p·n, (p+1)·n). K = max_p ceil(k_p / multiple) · multiple, at least `multiple`, at most n (n must be a multiple
+    of `multiple`). Each process adds its dropped rows in `round_robin_order` of |A| until it keeps K.
+    Returns (keep (N,) bool ⊇ keep_mask, topped_up (N,) bool = keep & ~keep_mask).
+    """
+    total = keep_mask.numel()
+    if num_processes < 1 or multiple < 1 or total % num_processes:
+        raise ValueError(f"balance_kept: {total} rows cannot be split over {num_processes} processes "
+                         f"(multiple={multiple})")
+    local = total // num_processes
+    if local % multiple:
+        raise ValueError(f"balance_kept: {local} rows per process is not a multiple of {multiple}")
+    keep_mask = keep_mask.bool()
+    per_process = keep_mask.view(num_processes, local).sum(dim=1)  # (P,)
+    target = int(per_process.max()) if total else 0
+    target = min(local, max(multiple, math.ceil(target / multiple) * multiple))
+    keep = keep_mask.clone()
+    for p in range(num_processes):
+        rows = torch.arange(p * local, (p + 1) * local)
+        dropped = rows[~keep_mask[rows]]
+        need = target - int(per_process[p])
+        if need > 0:
+            order = round_robin_order(advantages[dropped].abs().float(), group_ids[dropped])
+            keep[dropped[order[:need]]] = True
+    return keep, keep & ~keep_mask
+
+
+def select_rows(batch: dict[str, Any], index: Tensor) -> dict[str, Any]:
+    """Rows `index` of a TRL batch dict: tensors with a batch dim and lists are indexed, 0-dim tensors and other
+    values kept. Pixel values stored per image are regrouped per row first (TRL's own `split_pixel_values_by_grid`,
+    the same route TRL's shuffle takes), so images follow their rows."""
+    positions = index.tolist()
+    split = split_pixel_values_by_grid(batch)
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return value if value.ndim == 0 else value[index.to(value.device)]
+        if isinstance(value, list):
+            return [value[i] for i in positions]
+        return value
+
+    return unsplit_pixel_values_by_grid({key: pick(value) for key, value in split.items()})
+
+
+def question_text(prompt: Any) -> str:
+    """A prompt as plain text: a string as is, a conversation as its last message's text parts."""
+    if isinstance(prompt, str):
+        return prompt
+    content = prompt[-1]["content"] if prompt else ""
+    if isinstance(content, str):
+        return content
+    return " ".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+@dataclass
+class _DeferredPass:
+    """A no-grad log-prob pass TRL asked for before the rewards existed; run later on the kept rows only."""
+
+    placeholder: Tensor  # (B, T) NaN, returned to TRL in place of the log-probs
+    model: Any
+    input_ids: Tensor  # (B, P + T)
+    attention_mask: Tensor  # (B, P + T)
+    logits_to_keep: int
+    batch_size: int | None
+    vision: dict[str, Any]  # pixel_values, image_grid_thw, num_images, mm_token_type_ids, ... as TRL passed them
+
+    def run(self, trainer: GRPOTrainer, index: Tensor) -> Tensor:
+        """(K, T) log-probs of rows `index`."""
+        vision = select_rows(self.vision, index) if self.vision else {}
+        device_index = index.to(self.input_ids.device)
+        with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(  # not deferring now: the real pass
+                self.model, self.input_ids[device_index], self.attention_mask[device_index], self.logits_to_keep,
+                batch_size=self.batch_size, **vision)
+        return logps
+
+
+# ----------------------------------------------------------------------------------------------- the trainer
+class FastRLGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` that prunes each generation batch with a FastRL pruner and records it in a run store.
+
+    Takes every `GRPOTrainer` argument, plus:
+      pruner, keep_ratio, min_keep, pruner_args: as in `fastrl_core.algo.pruners.prune`.
+      sketch_dim: bits of the token-set sketch the `fastrl` pruner compares.
+      store_dir: run store to record each step's rollouts, groups and decisions in (None = record nothing).
+      run_name: the run's name in the store.
+      accuracy_reward: name of the reward function whose mean is the step's `accuracy` (default: the first one
+        whose name contains "accuracy"; NaN without one).
+      defer_scoring: run TRL's old/ref log-prob passes after pruning, on kept rows only (module docstring).
+    """
+
+    def __init__(self, *args, pruner: str = "fastrl", keep_ratio: float = 0.5, min_keep: int = 2,
+                 pruner_args: dict | None = None, sketch_dim: int = 256, store_dir: str | None = None,
+                 run_name: str = "fastrl-trl", accuracy_reward: str | None = None, defer_scoring: bool = True,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fastrl_pruner = pruner
+        self.fastrl_keep_ratio = keep_ratio
+        self.fastrl_min_keep = min_keep
+        self.fastrl_pruner_args = dict(pruner_args or {})
+        self.fastrl_sketch_dim = sketch_dim
+        self.fastrl_store_dir = store_dir
+        self.fastrl_run_name = run_name
+        names = list(self.reward_func_names)
+        if accuracy_reward is not None and accuracy_reward not in names:
+            raise ValueError(f"accuracy_reward {accuracy_reward!r} is not a reward function; have {names}")
+        self.fastrl_accuracy_reward = accuracy_reward or next((n for n in names if "accuracy" in n), None)
+        self.fastrl_defer_scoring = defer_scoring
+        self.fastrl_generation = 0  # generation batches pruned so far (the store's step)
+        self._writer = None
+        self._deferring = False
+        self._deferred: list[_DeferredPass] = []
+        self._stash: dict[str, Any] = {}
+        self._seconds: dict[str, float] = {}
+
+    # ---- hooks into TRL's step ---------------------------------------------------------------------------------
+    def _generate(self, prompts: list):
+        start = time.perf_counter()
+        result = super()._generate(prompts)
+        self._seconds["generate"] = self._seconds.get("generate", 0.0) + time.perf_counter() - start
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        start = time.perf_counter()
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._seconds["reward"] = self._seconds.get("reward", 0.0) + time.perf_counter() - start
+        self._stash = {"rewards_per_func": rewards_per_func, "inputs": inputs, "prompts": prompts,
+                       "completions": completions, "completion_ids": completion_ids_list}
+        return rewards_per_func
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **vision):
+        if self._deferring and not torch.is_grad_enabled() and not compute_entropy and not compute_aux_loss:
+            placeholder = torch.full((input_ids.shape[0], logits_to_keep), float("nan"), device=input_ids.device)
+            self._deferred.append(_DeferredPass(placeholder, model, input_ids, attention_mask, logits_to_keep,
+                                                batch_size, {k: v for k, v in vision.items() if v is not None}))
+            return placeholder, None, None
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss, **vision)
+
+    def _can_defer(self) -> bool:
+        vllm_consumes_old = self.use_vllm and self.vllm_importance_sampling_correction
+        return self.fastrl_defer_scoring and not vllm_consumes_old and not is_peft_model(self.model)
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:  # evaluation: TRL's step unchanged
+            return super()._generate_and_score_completions(inputs)
+        self._seconds, self._deferred, self._stash = {}, [], {}
+        self._deferring = self._can_defer()
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._deferring = False
+        deferred = self._bind_deferred(output)
+
+        # 2.-4. sketch, prune and balance on the global batch
+        decision, keep, topped_up, sketches = self._decide(output)
+        local = output["completion_ids"].shape[0]
+        rows = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
+        kept_local = keep[rows].nonzero().squeeze(1)  # (K,)
+
+        # 5. drop pruned rows from every per-row entry of TRL's output
+        start = time.perf_counter()
+        weights = decision.weights[rows][kept_local].to(output["advantages"].device)
+        output = select_rows(output, kept_local)
+        if not torch.all(weights == 1):
+            shape = (-1,) + (1,) * (output["advantages"].dim() - 1)
+            output["advantages"] = output["advantages"] * weights.clamp(min=0).view(shape)
+        loss_mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._seconds["prune"] += time.perf_counter() - start
+
+        # 6. the deferred old/ref passes, on kept rows only
+        start = time.perf_counter()
+        for key, call in deferred:
+            output[key] = call.run(self, kept_local)
+        self._seconds["logprob"] = time.perf_counter() - start
+        self._deferred = []
+
+        mode = self._metrics["train"]
+        mode["fastrl/kept_fraction"].append(float(keep.float().mean()))
+        mode["fastrl/topped_up_fraction"].append(float(topped_up.float().mean()))
+        # 7. record
+        if self.fastrl_store_dir is not None:
+            self._record(decision, keep, topped_up, sketches)
+        self.fastrl_generation += 1
+        return output
+
+    # ---- steps ---------------------------------------------------------------------------------------------------
+    def _bind_deferred(self, output: dict) -> list[tuple[str, _DeferredPass]]:
+        """(output key, deferred pass) for each placeholder; a placeholder TRL did not return raises."""
+        bound = []
+        for call in self._deferred:
+            keys = [key for key, value in output.items() if value is call.placeholder]
+            if len(keys) != 1:
+                import trl
+
+                raise RuntimeError(
+                    f"FastRLGRPOTrainer: TRL {trl.__version__} used a deferred no-grad log-prob pass inside "
+                    "_generate_and_score_completions instead of returning it; construct with defer_scoring=False")
+            bound.append((keys[0], call))
+        return bound
+
+    def _decide(self, output: dict) -> tuple[PruneResult, Tensor, Tensor, Tensor]:
+        """Global prune decision, identical on every process.  Returns (decision, keep, topped_up, sketches), all
+        over the global batch (N rows, process-major), sketches (N, D) on CPU."""
+        start = time.perf_counter()
+        local_ids, local_mask = output["completion_ids"], output["completion_mask"].bool()
+        sketches = gather(token_sketch(local_ids, local_mask, dim=self.fastrl_sketch_dim, seed=self.args.seed)).cpu()
+        advantages = gather(output["advantages"].reshape(local_ids.shape[0], -1)[:, 0].float()).cpu()  # (N,)
+        rewards_per_func = self._stash["rewards_per_func"]
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1).float().cpu()
+        token_ids = None
+        if self.fastrl_pruner == "fastrl_official":
+            local_tokens = [ids[mask].tolist() for ids, mask in zip(local_ids.cpu(), local_mask.cpu())]
+            token_ids = tuple(torch.tensor(ids, dtype=torch.long) for ids in gather_object(local_tokens))
+        total = advantages.numel()
+        if total % self.num_generations:
+            raise ValueError(f"FastRLGRPOTrainer: {total} rollouts are not whole groups of {self.num_generations}")
+        group_ids = torch.arange(total) // self.num_generations  # TRL's groups: consecutive rows of one prompt
+        self._seconds["sketch"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self.fastrl_generation)
+        decision = prune(self.fastrl_pruner, GroupBatch(group_ids, torch.nan_to_num(rewards), advantages, sketches,
+                                                        token_ids),
+                         keep_ratio=self.fastrl_keep_ratio, min_keep=self.fastrl_min_keep, generator=generator,
+                         **self.fastrl_pruner_args)
+        keep, topped_up = balance_kept(decision.keep_mask, advantages, group_ids,
+                                       num_processes=self.accelerator.num_processes,
+                                       multiple=self.args.steps_per_generation)
+        if topped_up.any():  # put-back rollouts train with their true advantage at weight 1
+            decision = PruneResult(decision.keep_mask, decision.scores, decision.reasons,
+                                   torch.where(topped_up, 1.0, decision.weights))
+        self._stash.update(rewards=rewards, advantages=advantages, group_ids=group_ids)
+        self._seconds["prune"] = time.perf_counter() - start
+        return decision, keep, topped_up, sketches
+
+    def _record(self, decision: PruneResult, keep: Tensor, topped_up: Tensor, sketches: Tensor) -> None:
+        """Gather the step's texts and write it through RunWriter on the main process."""
+        start = time.perf_counter()
+        stash = self._stash
+        questions = gather_object([question_text(p) for p in stash["prompts"]])
+        completions = gather_object([question_text(c) for c in stash["completions"]])
+        local_inputs = stash["inputs"]
+        ids = gather_object([str(x["id"]) if "id" in x else None for x in local_inputs])
+        answers = gather_object([str(x["answer"]) if x.get("answer") is not None else None for x in local_inputs])
+        offset = self.accelerator.process_index * len(local_inputs)  # global index of this process's first row
+        pngs = gather_object([_first_image_png(x) if (offset + i) % self.num_generations == 0 else None
+                              for i, x in enumerate(local_inputs)])
+        lengths = gather_object([len(tokens) for tokens in stash["completion_ids"]])
+        if not self.accelerator.is_main_process:
+            return
+        from fastrl_core.store import RunWriter, image_key
+
+        if self._writer is None:
+            self._writer = RunWriter(self.fastrl_store_dir, name=self.fastrl_run_name, config=self._run_config(),
+                                     model=str(getattr(self.model.config, "_name_or_path", "") or "trl-model"),
+                                     dataset=getattr(getattr(self.train_dataset, "info", None), "dataset_name",
+                                                     None) or "trl-dataset",
+                                     objective=f"trl:{self.loss_type}", pruner=self.fastrl_pruner, budget="fixed")
+        rewards, advantages, group_ids = stash["rewards"], stash["advantages"], stash["group_ids"]
+        num_groups = int(group_ids.max()) + 1 if group_ids.numel() else 0
+        images: dict[str, bytes] = {}
+        prompt_ids, image_refs, seen = [], [], {}
+        for g in range(num_groups):
+            first = g * self.num_generations
+            base = ids[first] or hashlib.sha1(questions[first].encode()).hexdigest()[:16]
+            seen[base] = seen.get(base, 0) + 1
+            prompt_ids.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
+            png = pngs[first]
+            ref = image_key(png) if png is not None else None
+            if ref is not None:
+                images[ref] = png
+            image_refs.append(ref)
+        reasons = [TOPPED_UP if up else Reason(int(r)).name for r, up in zip(decision.reasons.tolist(),
+                                                                              topped_up.tolist())]
+        rollouts = [{
+            "rollout_id": f"{self.fastrl_generation}-{i}", "prompt_id": prompt_ids[g], "image_ref": image_refs[g],
+            "question": questions[i], "answer": answers[i], "completion": completions[i],
+            "reward": float(rewards[i]), "format_reward": None, "accuracy_reward": self._accuracy(i),
+            "advantage": float(advantages[i]), "kept": bool(keep[i]), "reason": reasons[i],
+            "score": float(decision.scores[i]), "weight": float(decision.weights[i]) if keep[i] else 0.0,
+            "length": int(lengths[i]), "sketch": sketches[i].numpy(),
+        } for i, g in enumerate(group_ids.tolist())]
+        groups = []
+        for g in range(num_groups):
+            members = group_ids == g
+            group_rewards = rewards[members]
+            groups.append({"prompt_id": prompt_ids[g], "reward_mean": float(group_rewards.nanmean()),
+                           "reward_std": float(_nanstd(group_rewards)), "sampled": int(members.sum()),
+                           "kept": int((keep & members).sum())})
+        accuracy = self._accuracy(None)
+        seconds = dict(self._seconds)
+        seconds["store"] = time.perf_counter() - start
+        step_row = {
+            "rollouts_sampled": len(rollouts), "rollouts_kept": int(keep.sum()),
+            "rollouts_per_prompt": float(self.num_generations), "reward_mean": float(rewards.nanmean()),
+            "accuracy": accuracy if accuracy is not None else float("nan"), "loss": None, "kl": None,
+            "clip_fraction": None, "zero_variance_groups": sum(g["reward_std"] == 0 for g in groups),
+            "rollouts_topped_up": int(topped_up.sum()), "global_step": int(self.state.global_step),
+            **{f"time_{phase}": seconds.get(phase, 0.0) for phase in PHASES},
+        }
+        self._writer.write_step(self.fastrl_generation, step_row=step_row, groups=groups, rollouts=rollouts,
+                                images=images)
+
+    def _accuracy(self, row: int | None) -> float | None:
+        """The accuracy reward of rollout `row`, or its mean over the step (None without an accuracy reward)."""
+        if self.fastrl_accuracy_reward is None:
+            return None
+        column = self._stash["rewards_per_func"][:, self.reward_func_names.index(self.fastrl_accuracy_reward)]
+        value = column.nanmean() if row is None else column[row]
+        return None if torch.isnan(value) else float(value)
+
+    def _run_config(self) -> dict:
+        return {"trl_args": self.args.to_dict(), "pruner": self.fastrl_pruner, "keep_ratio": self.fastrl_keep_ratio,
+                "min_keep": self.fastrl_min_keep, "pruner_args": self.fastrl_pruner_args,
+                "sketch": "tokens", "sketch_dim": self.fastrl_sketch_dim, "defer_scoring": self.fastrl_defer_scoring}
+
+
+def _nanstd(values: Tensor) -> Tensor:
+    """Population std ignoring NaN (0 for fewer than two values)."""
+    values = values[~torch.isnan(values)]
+    return values.std(unbiased=False) if values.numel() > 1 else torch.zeros(())
+
+
+def _first_image_png(example: dict) -> bytes | None:
+    """PNG bytes of an example's first image (`image` or `images` column), or None."""
+    image = example.get("image")
+    if image is None and example.get("images"):
+        image = example["images"][0]
+    if image is None or not hasattr(image, "save"):
+        return None
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, format="PNG")
+    return buffer.getvalue()

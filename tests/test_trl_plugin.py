@@ -1,0 +1,170 @@
+"""FastRL inside TRL's GRPOTrainer: top-up and row-selection helpers by hand, and a 3-step CPU run of a tiny
+Qwen2 showing that pruned rollouts reach neither the loss nor the (deferred) reference pass, and are recorded."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("trl")
+
+from fastrl_core.integrations.trl import balance_kept, round_robin_order, select_rows  # noqa: E402
+
+
+def test_round_robin_order_takes_each_groups_largest_first():
+    magnitude = torch.tensor([0.1, 0.9, 0.5, 0.3, 0.7])
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    # group 0 by |A|: 1, 2, 0; group 1: 4, 3 -> rounds (1, 4), (2, 3), (0,)
+    assert round_robin_order(magnitude, groups).tolist() == [1, 4, 2, 3, 0]
+
+
+def test_balance_kept_tops_up_the_short_process_with_its_own_largest_advantage():
+    keep = torch.tensor([1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    advantages = torch.tensor([1.0, 0.2, -0.9, 0.1, 0.5, 0.0, 1.0, -1.0, 0.3, 0.3, 0.3, 0.3])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2])
+    balanced, topped_up = balance_kept(keep, advantages, groups, num_processes=2, multiple=2)
+    # process 0 keeps 1, process 1 keeps 2 -> K = 2; process 0 adds its round-robin first dropped row: row 2 (|A| 0.9)
+    assert topped_up.nonzero().squeeze(1).tolist() == [2]
+    assert balanced.tolist() == (keep | topped_up).tolist()
+
+
+def test_balance_kept_never_goes_below_one_row_per_micro_batch():
+    keep = torch.zeros(8, dtype=torch.bool)  # everything pruned (e.g. all groups had zero advantage)
+    balanced, _ = balance_kept(keep, torch.zeros(8), torch.arange(8) // 4, num_processes=2, multiple=2)
+    assert balanced.view(2, 4).sum(dim=1).tolist() == [2, 2]
+
+
+def test_balance_kept_rejects_uneven_splits():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        balance_kept(torch.ones(6, dtype=torch.bool), torch.zeros(6), torch.zeros(6), num_processes=2, multiple=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 4), st.data())
+def test_balance_kept_properties(num_processes, multiple, chunks, data):
+    local = multiple * chunks
+    total = num_processes * local
+    keep = torch.tensor(data.draw(st.lists(st.booleans(), min_size=total, max_size=total)))
+    advantages = torch.tensor(data.draw(st.lists(st.floats(-2, 2), min_size=total, max_size=total)))
+    groups = torch.arange(total) // data.draw(st.integers(1, total))
+    balanced, topped_up = balance_kept(keep, advantages, groups, num_processes=num_processes, multiple=multiple)
+    counts = balanced.view(num_processes, local).sum(dim=1)
+    assert (balanced | ~keep).all()  # a superset of the pruner's keep mask
+    assert torch.equal(topped_up, balanced & ~keep)
+    assert len(set(counts.tolist())) == 1  # equal on every process
+    assert int(counts[0]) % multiple == 0 and multiple <= int(counts[0]) <= local
+    largest = max(int(keep.view(num_processes, local).sum(dim=1).max()), 1)
+    assert int(counts[0]) == min(local, -(-largest // multiple) * multiple)  # the smallest such count
+
+
+def test_select_rows_keeps_images_with_their_rows():
+    grid = torch.tensor([[1, 2, 2], [1, 2, 4], [1, 2, 2]])  # 4, 8, 4 patches
+    pixel_values = torch.arange(16.0)[:, None].expand(16, 3)  # patch p has value p
+    batch = {
+        "prompt_ids": torch.tensor([[10], [11], [12]]),
+        "advantages": torch.tensor([0.5, -1.0, 2.0]),
+        "pixel_values": pixel_values,
+        "image_grid_thw": grid,
+        "num_images": [1, 1, 1],
+        "num_items_in_batch": torch.tensor(7),
+        "old_per_token_logps": None,
+    }
+    picked = select_rows(batch, torch.tensor([2, 0]))
+    assert picked["prompt_ids"].squeeze(1).tolist() == [12, 10]
+    assert picked["advantages"].tolist() == [2.0, 0.5]
+    assert picked["pixel_values"][:, 0].tolist() == [12, 13, 14, 15, 0, 1, 2, 3]  # image 2's patches, then image 0's
+    assert picked["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 2]]
+    assert picked["num_images"] == [1, 1]
+    assert int(picked["num_items_in_batch"]) == 7 and picked["old_per_token_logps"] is None
+
+
+# ---- a real TRL run ----------------------------------------------------------------------------------------------
+def _tiny_model_dir(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from fastrl_core.policy import build_tokenizer
+
+    tokenizer = build_tokenizer(["count the dots: one two three four five six", "the answer is 1 2 3 4 5"] * 10,
+                                vocab_size=300)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         bos_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    path = tmp_path / "model"
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, tokenizer
+
+
+def _varied_reward(completions, **kwargs):
+    """Rewards that differ inside most groups: a completion's character count modulo 3."""
+    return [float(len(text) % 3) for text in completions]
+
+
+def test_pruned_rollouts_leave_the_loss_and_the_reference_pass_and_are_recorded(tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+    from fastrl_core.store import list_runs, read_rollouts, read_steps
+
+    torch.set_num_threads(1)
+    model_dir, tokenizer = _tiny_model_dir(tmp_path)
+
+    class Recording(FastRLGRPOTrainer):
+        """Records what reaches the loss and every real no-grad (old/ref) log-prob pass."""
+
+        loss_batches: list[dict] = []
+        scoring_rows: list[int] = []
+
+        def _compute_loss(self, model, inputs):
+            with torch.no_grad():  # what TRL's reference pass would give for these rows, computed afresh
+                ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+                mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+                fresh, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                    self, self.ref_model, ids, mask, inputs["completion_ids"].shape[1])
+            self.loss_batches.append({k: inputs[k] for k in ("completion_ids", "completion_mask",
+                                                            "ref_per_token_logps", "num_items_in_batch")}
+                                     | {"fresh_ref": fresh})
+            return super()._compute_loss(model, inputs)
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+            if not torch.is_grad_enabled() and not self._deferring and model is self.ref_model:
+                self.scoring_rows.append(input_ids.shape[0])
+            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+
+    dataset = Dataset.from_dict({"prompt": [f"count {i} dots" for i in range(12)], "id": [f"p{i}" for i in range(12)],
+                                 "answer": [str(i % 5) for i in range(12)]})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_steps=3, beta=0.04, learning_rate=1e-3, seed=0, use_cpu=True,
+                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = Recording(model=str(model_dir), reward_funcs=[_varied_reward], args=args, train_dataset=dataset,
+                        processing_class=tokenizer, pruner="fastrl", keep_ratio=0.5, min_keep=2,
+                        store_dir=str(tmp_path / "store"), run_name="trl-test")
+    trainer.train()
+
+    (run_id,) = list_runs(tmp_path / "store")
+    steps = read_steps(tmp_path / "store", run_id)
+    rollouts = read_rollouts(tmp_path / "store", run_id)
+    assert steps["step"].tolist() == [0, 1, 2] and len(Recording.loss_batches) == 3
+    assert set(rollouts["kept"]) == {True, False}  # both kept and pruned rows are in the store
+    assert (rollouts.loc[~rollouts["kept"], "reason"] != "KEPT").all()
+    assert set(rollouts["prompt_id"]) <= {f"p{i}" for i in range(12)}
+    for step, batch in enumerate(Recording.loss_batches):
+        recorded = rollouts[rollouts["step"] == step]
+        kept = recorded[recorded["kept"]]
+        assert len(recorded) == 8 and len(kept) == int(steps.loc[step, "rollouts_kept"])
+        assert len(kept) < len(recorded)  # fastrl keeps at most ceil(0.5 * 4) = 2 of each group of 4
+        # exactly the kept rollouts reach the loss: same count and the same completions
+        texts = tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True)
+        assert Counter(texts) == Counter(kept["completion"])
+        assert int(batch["num_items_in_batch"]) == int(batch["completion_mask"].sum())
+        # the reference pass ran after pruning, on the kept rows only, and its log-probs are the right ones
+        assert Recording.scoring_rows[step] == len(kept)
+        mask = batch["completion_mask"].bool()
+        torch.testing.assert_close(batch["ref_per_token_logps"][mask], batch["fresh_ref"][mask])

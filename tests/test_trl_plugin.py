@@ -20,6 +20,8 @@ def test_round_robin_order_takes_each_groups_largest_first():
     groups = torch.tensor([0, 0, 0, 1, 1])
     # group 0 by |A|: 1, 2, 0; group 1: 4, 3 -> rounds (1, 4), (2, 3), (0,)
     assert round_robin_order(magnitude, groups).tolist() == [1, 4, 2, 3, 0]
+    # within a round the larger |A| goes first, whatever its group id: rounds (2, 1), (3, 0)
+    assert round_robin_order(torch.tensor([0.1, 0.2, 0.9, 0.8]), torch.tensor([0, 0, 1, 1])).tolist() == [2, 1, 3, 0]
 
 
 def test_balance_kept_tops_up_the_short_process_with_its_own_largest_advantage():

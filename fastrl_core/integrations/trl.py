@@ -68,16 +68,19 @@ PHASES = ("generate", "reward", "sketch", "prune", "logprob", "store")
 
 # ----------------------------------------------------------------------------------------------- pure helpers
 def round_robin_order(magnitude: Tensor, group_ids: Tensor) -> Tensor:
-    """Indices ordered round-robin over groups (ascending id), each round taking every group's next-largest
-    `magnitude` (ties by index): the authors' top-up order.  magnitude, group_ids (n,) -> (n,) long."""
+    """Indices ordered round-robin over groups: round r holds every group's r-th largest `magnitude`, and a round
+    lists its rollouts by `magnitude` descending (ties by index). The authors' minibatch top-up goes round-robin
+    over prompts (NOTES §1); ordering within a round by |A| puts informative rollouts before zero-advantage ones.
+    magnitude, group_ids (n,) -> (n,) long."""
     n = magnitude.numel()
     if n == 0:
         return torch.zeros(0, dtype=torch.long)
-    order = torch.argsort(magnitude, descending=True, stable=True)
-    order = order[torch.argsort(group_ids[order], stable=True)]  # grouped by id, largest first within a group
-    _, row, counts = torch.unique_consecutive(group_ids[order], return_inverse=True, return_counts=True)
-    rank = torch.arange(n) - (torch.cumsum(counts, 0) - counts)[row]  # position within its group
-    return order[torch.argsort(rank * counts.numel() + row, stable=True)]
+    by_magnitude = torch.argsort(magnitude, descending=True, stable=True)
+    grouped = by_magnitude[torch.argsort(group_ids[by_magnitude], stable=True)]  # by group, largest first within
+    _, row, counts = torch.unique_consecutive(group_ids[grouped], return_inverse=True, return_counts=True)
+    rank = torch.empty(n, dtype=torch.long)
+    rank[grouped] = torch.arange(n) - (torch.cumsum(counts, 0) - counts)[row]  # position within its group
+    return by_magnitude[torch.argsort(rank[by_magnitude], stable=True)]
 
 
 def balance_kept(keep_mask: Tensor, advantages: Tensor, group_ids: Tensor, *, num_processes: int,

@@ -166,6 +166,8 @@ def values_equal(gold: str, given: str) -> bool:
         return abs(g_number - p_number) <= 1e-9 * max(1.0, abs(g_number))
     if not re.search(r"[\d\\]", g):  # a word (yes / no / red): strings only
         return g.casefold() == p.casefold()
+    if g_number is not None and not re.search(r"[\d\\]", p):  # a number is never stated without digits or LaTeX
+        return False
     from math_verify import verify
 
     gold_parsed, given_parsed = _parsed(g), _parsed(p)

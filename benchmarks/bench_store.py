@@ -1,0 +1,142 @@
+"""Run-store costs: (a) write_step on the embedded default step, (b) the app's queries on a 200 x 512 run.
+
+    .venv/bin/python benchmarks/bench_store.py [--steps 200] [--rollouts 512] [--repeat 7]
+
+(a) 16 prompts x 8 rollouts, 256-dim sketches, one 112x112 PNG per prompt: ms per write_step, as a share of a
+~1 s training step (target < 2 %). (b) a synthetic run of --steps steps x --rollouts rollouts (64 prompts x 8),
+then each read_* query the app uses, median and worst of --repeat calls after one warm-up (target < 200 ms;
+the "export" row reads every rollout with its text, which no page does, and is there for scale).
+The last rows compare the same queries through the store.duckdb views (connect read_only + SQL), the
+alternative reader design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from fastrl_core import store
+from fastrl_core.store import readers
+from fastrl_core.store.synthetic import synthetic_step, write_synthetic_run
+
+
+def timed(fn, repeat: int) -> tuple[float, float]:
+    fn()  # warm-up (first call pays the DuckDB connection)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times), 1e3 * max(times)
+
+
+def bench_write(root: Path, steps: int = 40) -> None:
+    pngs: dict[int, bytes] = {}
+    data = [synthetic_step(s, prompts=16, rollouts_per_prompt=8, sketch_dim=256, pngs=pngs) for s in range(steps)]
+    writer = store.RunWriter(root, name="bench-write", config={}, model="m", dataset="d", objective="grpo",
+                             pruner="none", budget="fixed", code_version="bench")
+    times = []
+    for s, kwargs in enumerate(data):
+        start = time.perf_counter()
+        writer.write_step(s, **kwargs)
+        times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    writer.finish()
+    finish = time.perf_counter() - start
+    first, rest = 1e3 * times[0], [1e3 * t for t in times[1:]]
+    median = statistics.median(rest)
+    print(f"(a) write_step, 16 prompts x 8 rollouts, D=256, 16 PNGs 112x112, {steps} steps")
+    print(f"    first step {first:.1f} ms (writes its images); later steps median {median:.1f} ms, "
+          f"max {max(rest):.1f} ms -> {median / 10:.2f} % of a 1 s training step (target < 2 %)")
+    print(f"    finish() incl. compact of {steps} steps: {1e3 * finish:.0f} ms (once per run)")
+
+
+def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
+    start = time.perf_counter()
+    run_id = write_synthetic_run(root, steps=steps, name="bench-read", prompts=rollouts // 8, rollouts_per_prompt=8,
+                                 sketch_dim=256, finish=False)
+    build = time.perf_counter() - start
+    last = store.latest_step(root, run_id)
+    image_ref = store.read_rollouts(root, run_id, step=last, columns=["image_ref"], limit=1)["image_ref"][0]
+    writer = store.RunWriter.resume(root, run_id)  # a projection on the last steps, as the background job writes
+    for step in range(last - 4, last + 1):
+        ids = store.read_rollouts(root, run_id, step=step, columns=["rollout_id"])["rollout_id"].tolist()
+        writer.set_projection(step, ids, np.random.default_rng(step).standard_normal((len(ids), 2)))
+    prompt = store.read_groups(root, run_id, step=last)["prompt_id"].iloc[0]
+    total = len(store.read_rollouts(root, run_id, columns=["rollout_id"]))
+    print(f"\n(b) {steps} steps x ~{rollouts} rollouts ({total} rollouts, D=256) built in {build:.1f} s; "
+          f"median / max of {repeat} calls")
+    def cold(fn):  # without the per-process cache of steps rows (a fresh app process)
+        def run():
+            readers._steps_cache.clear()
+            return fn()
+        return run
+
+    queries = {
+        "read_runs()  [cold: steps cache cleared]": cold(lambda: store.read_runs(root)),
+        "read_runs()": lambda: store.read_runs(root),
+        "read_steps(run)  [cold: steps cache cleared]": cold(lambda: store.read_steps(root, run_id)),
+        "read_steps(run)": lambda: store.read_steps(root, run_id),
+        "read_groups(run, step=last)": lambda: store.read_groups(root, run_id, step=last),
+        "read_rollouts(run, step=last)": lambda: store.read_rollouts(root, run_id, step=last),
+        "read_rollouts(run, kept=False, correct=True, limit=200)":
+            lambda: store.read_rollouts(root, run_id, kept=False, correct=True, limit=200),
+        "read_rollouts(run, prompt_id=p)  [all steps]": lambda: store.read_rollouts(root, run_id, prompt_id=prompt),
+        "read_rollouts(run, reason=..., columns=4)  [all steps]":
+            lambda: store.read_rollouts(root, run_id, reason="zero_advantage",
+                                        columns=["step", "prompt_id", "advantage", "proj_x"]),
+        "read_rollouts(run)  [export: all 19 columns, all steps]": lambda: store.read_rollouts(root, run_id),
+        "read_sketches(run, steps=last 5)": lambda: store.read_sketches(root, run_id, steps=range(last - 4, last + 1)),
+        "read_sketches(run, steps=last 20)":
+            lambda: store.read_sketches(root, run_id, steps=range(last - 19, last + 1)),
+        "read_budget_matrix(run)": lambda: store.read_budget_matrix(root, run_id),
+        "read_evals(run)": lambda: store.read_evals(root, run_id),
+        "latest_step(run)": lambda: store.latest_step(root, run_id),
+        "read_image(ref)": lambda: store.read_image(root, image_ref),
+    }
+    database = str(root / "store.duckdb")
+
+    def view(sql: str):
+        def run():
+            with duckdb.connect(database, read_only=True) as con:
+                return con.sql(sql).df()
+        return run
+
+    queries |= {
+        "[views] steps of run": view(f"SELECT * FROM steps WHERE run_id = '{run_id}' ORDER BY step"),
+        "[views] rollouts of last step": view(f"SELECT * EXCLUDE (sketch) FROM rollouts WHERE run_id = '{run_id}' "
+                                              f"AND step = {last}"),
+        "[views] budget matrix": view(f"SELECT step, prompt_id, sampled, kept FROM groups "
+                                      f"WHERE run_id = '{run_id}' ORDER BY step"),
+    }
+    width = max(map(len, queries))
+    print(f"    {'query':<{width}}  median ms   max ms")
+    for name, fn in queries.items():
+        median, worst = timed(fn, repeat)
+        flag = "" if median < 200 or "export" in name else "  (over 200 ms)"
+        print(f"    {name:<{width}}  {median:9.1f}  {worst:7.1f}{flag}")
+    writer.finish()
+    start = time.perf_counter()
+    path = store.compact(root, run_id)
+    print(f"    compact(run) -> {path.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - start:.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rollouts", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_write(Path(tmp) / "write")
+        bench_read(Path(tmp) / "read", args.steps, args.rollouts, args.repeat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The run store: every step's rollouts, advantages, gradient sketches and budgets, readable live while training.
+
+The trainer writes through `RunWriter` (one atomic unit per step: per-step Parquet files renamed into place,
+the steps row last); the app and the benchmarks read through the `read_*` functions and never build SQL.
+`compact` materialises a run into one DuckDB file; `store.duckdb` holds views over the live files for ad-hoc
+SQL (`duckdb -readonly <store_dir>/store.duckdb`). Layout and guarantees: `fastrl_core.store.layout`.
+"""
+
+from fastrl_core.store.compact import compact, compact_main
+from fastrl_core.store.layout import list_runs
+from fastrl_core.store.readers import (
+    latest_step,
+    read_budget_matrix,
+    read_evals,
+    read_groups,
+    read_image,
+    read_rollouts,
+    read_runs,
+    read_sketches,
+    read_steps,
+)
+from fastrl_core.store.schema import PHASES
+from fastrl_core.store.writer import RunWriter, image_key
+
+__all__ = [
+    "PHASES", "RunWriter", "compact", "compact_main", "image_key", "latest_step", "list_runs",
+    "read_budget_matrix", "read_evals", "read_groups", "read_image", "read_rollouts", "read_runs",
+    "read_sketches", "read_steps",
+]

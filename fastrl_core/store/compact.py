@@ -1,0 +1,90 @@
+"""Materialise a run into one DuckDB file of real tables (`fastrl store compact`), for plain SQL and sharing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Sequence
+
+import duckdb
+import pyarrow as pa
+
+from fastrl_core.store import layout, readers, schema
+
+
+def compact(store_dir: str | Path, run_id: str) -> Path:
+    """Write runs/<run_id>/<run_id>.duckdb with tables runs, steps, groups, rollouts (sketch FLOAT[D], projection
+    merged in), evals and images (image_ref, png BLOB) holding the run's visible steps; return its path.
+
+    Built under a temp name and renamed, so it can run on a live run (it is a snapshot) and readers of an older
+    compact file keep theirs. Query it with `duckdb -readonly <file>`.
+    """
+    store_dir = Path(store_dir).resolve()
+    meta = layout.read_run_json(store_dir, run_id)
+    steps = layout.step_numbers(store_dir, run_id, "steps")
+    out = layout.compact_file(store_dir, run_id)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    con = duckdb.connect(str(tmp))
+    try:
+        _create_runs(con, meta)
+        _create(con, "steps", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step",
+                {"files": readers._files(store_dir, run_id, "steps", steps)}, schema.STEPS)
+        _create(con, "groups", "SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
+                "ORDER BY step, file_row_number", {"files": readers._files(store_dir, run_id, "groups", steps)},
+                schema.GROUPS)
+        sql, params = readers._rollouts_sql(store_dir, run_id, steps, readers.ROLLOUT_COLUMNS, [], None)
+        dim = meta.get("sketch_dim")
+        if dim:
+            sql = f"SELECT * REPLACE (sketch::FLOAT[{int(dim)}] AS sketch) FROM ({sql})"
+        _create(con, "rollouts", sql, params if steps else {"rollouts": []}, schema.ROLLOUTS)
+        _create(con, "evals", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step, split",
+                {"files": layout.eval_files(store_dir, run_id)}, schema.EVALS)
+        refs = [r for (r,) in con.execute("SELECT DISTINCT image_ref FROM rollouts WHERE image_ref IS NOT NULL "
+                                          "ORDER BY image_ref").fetchall()]
+        images = pa.table({"image_ref": pa.array(refs, pa.string()),
+                           "png": pa.array([readers.read_image(store_dir, r) for r in refs], pa.binary())})
+        con.register("images_arrow", images)
+        con.execute("CREATE TABLE images AS SELECT * FROM images_arrow")
+        con.unregister("images_arrow")
+    finally:
+        con.close()
+    os.replace(tmp, out)
+    Path(f"{tmp}.wal").unlink(missing_ok=True)
+    return out
+
+
+def _create(con: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict, columns: list) -> None:
+    if any(params.values()):
+        con.execute(f"CREATE TABLE {name} AS {sql}", params)
+    else:  # no files yet: an empty table with the declared columns
+        con.register("empty_arrow", schema.arrow_schema(schema.STEP_KEY, columns).empty_table())
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM empty_arrow")
+        con.unregister("empty_arrow")
+
+
+def _create_runs(con: duckdb.DuckDBPyConnection, meta: dict) -> None:
+    row = {c.name: [meta.get(c.name)] for c in schema.RUNS}
+    row["config"] = [json.dumps(meta.get("config", {}))]
+    for key in ("started", "finished"):
+        row[key] = [datetime.fromisoformat(row[key][0]) if row[key][0] else None]
+    con.register("runs_arrow", schema.to_arrow({}, row, [], schema.RUNS, 1))
+    con.execute("CREATE TABLE runs AS SELECT * REPLACE (config::JSON AS config) FROM runs_arrow")
+    con.unregister("runs_arrow")
+
+
+def compact_main(argv: Sequence[str] | None = None) -> int:
+    """`fastrl store compact <store_dir> [--run RUN ...]`: compact the given runs, or every run in the store."""
+    parser = argparse.ArgumentParser(prog="fastrl store compact", description=compact_main.__doc__)
+    parser.add_argument("store_dir", type=Path, help="store directory (holds runs/ and store.duckdb)")
+    parser.add_argument("--run", action="append", dest="runs", metavar="RUN", help="run id (repeatable)")
+    args = parser.parse_args(argv)
+    runs = args.runs or layout.list_runs(args.store_dir)
+    if not runs:
+        parser.error(f"no runs in {args.store_dir}")
+    for run_id in runs:
+        print(compact(args.store_dir, run_id))
+    return 0

@@ -1,0 +1,186 @@
+"""Where the store keeps each file, how a file is written atomically, and the live `store.duckdb` views.
+
+    <store_dir>/store.duckdb                 VIEWs over the Parquet globs below (plain `duckdb -readonly` SQL)
+    <store_dir>/images/<sha256>.png          prompt images, content-addressed, shared by all runs
+    <store_dir>/runs/<run_id>/run.json       the runs row (config as a JSON object)
+    <store_dir>/runs/<run_id>/{steps,groups,rollouts,proj}/step_000123.parquet
+    <store_dir>/runs/<run_id>/evals/step_000123_<split>.parquet
+    <store_dir>/runs/<run_id>/<run_id>.duckdb  compact(): the run as real tables
+    <store_dir>/runs/.schema/<table>/empty.parquet  zero-row files so the views bind before any step exists
+
+Every file is written under a temporary name and `os.replace`d, so a reader sees the old file, the new file or
+none, never a torn one (NOTES §3). A step is visible once its steps file exists; the writer writes it last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fastrl_core.store import schema
+
+STEP_TABLES = ("steps", "groups", "rollouts", "proj")
+TABLE_DIRS = (*STEP_TABLES, "evals")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SPLIT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+IMAGE_REF = re.compile(r"[0-9a-f]{64}")
+_STEP_FILE = re.compile(r"step_(\d+)\.parquet")
+_EVAL_FILE = re.compile(r"step_(\d+)_([A-Za-z0-9_-]+)\.parquet")
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise ValueError(f"run_id {run_id!r} must match {RUN_ID.pattern} (letters, digits, '.', '_', '-')")
+    return run_id
+
+
+def run_dir(store_dir: Path, run_id: str) -> Path:
+    return Path(store_dir) / "runs" / check_run_id(run_id)
+
+
+def step_file(store_dir: Path, run_id: str, table: str, step: int) -> Path:
+    return run_dir(store_dir, run_id) / table / f"step_{step:06d}.parquet"
+
+
+def eval_file(store_dir: Path, run_id: str, step: int, split: str) -> Path:
+    return run_dir(store_dir, run_id) / "evals" / f"step_{step:06d}_{split}.parquet"
+
+
+def image_file(store_dir: Path, image_ref: str) -> Path:
+    if not isinstance(image_ref, str) or not IMAGE_REF.fullmatch(image_ref):
+        raise ValueError(f"image_ref {image_ref!r} is not an image key (64 lowercase hex digits)")
+    return Path(store_dir) / "images" / f"{image_ref}.png"
+
+
+def compact_file(store_dir: Path, run_id: str) -> Path:
+    return run_dir(store_dir, run_id) / f"{run_id}.duckdb"
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f"{path.name}.tmp-{os.getpid()}")
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Write `table` to `path` atomically (temp file, then rename). Not fsynced: survives a killed process,
+    not a power cut."""
+    tmp = _tmp(path)
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def write_bytes(data: bytes, path: Path) -> None:
+    tmp = _tmp(path)
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_json(obj: dict, path: Path) -> None:
+    write_bytes(json.dumps(obj, indent=1).encode(), path)
+
+
+def remove_temp_files(directory: Path) -> None:
+    """Delete temp files a killed writer left behind (they are never read)."""
+    for path in directory.rglob("*.tmp-*"):
+        path.unlink(missing_ok=True)
+
+
+def list_runs(store_dir: Path) -> list[str]:
+    """Run ids in the store that have a run.json, sorted."""
+    root = Path(store_dir) / "runs"
+    if not root.is_dir():
+        return []
+    return sorted(e.name for e in os.scandir(root)
+                  if RUN_ID.fullmatch(e.name) and os.path.exists(os.path.join(e.path, "run.json")))
+
+
+def step_numbers(store_dir: Path, run_id: str, table: str) -> list[int]:
+    """Sorted steps that have a file of `table`; for "steps" these are the visible steps."""
+    directory = run_dir(store_dir, run_id) / table
+    try:
+        entries = os.scandir(directory)
+    except FileNotFoundError:
+        return []
+    with entries:
+        return sorted(int(m.group(1)) for e in entries if (m := _STEP_FILE.fullmatch(e.name)))
+
+
+def eval_files(store_dir: Path, run_id: str) -> list[str]:
+    directory = run_dir(store_dir, run_id) / "evals"
+    if not directory.is_dir():
+        return []
+    return sorted(str(directory / name) for name in os.listdir(directory) if _EVAL_FILE.fullmatch(name))
+
+
+def read_run_json(store_dir: Path, run_id: str) -> dict:
+    path = run_dir(store_dir, run_id) / "run.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no run {run_id!r} in store {store_dir} (missing {path})") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# store.duckdb: views for ad-hoc SQL on a live store. The app and the read_* functions do not use them: they list
+# the visible steps first and read explicit files, which keeps a step all-or-nothing whatever order DuckDB
+# expands globs in.
+
+_SEED_COLUMNS = {
+    "steps": (schema.STEP_KEY, schema.STEPS),
+    "groups": (schema.STEP_KEY, schema.GROUPS),
+    "rollouts": (schema.STEP_KEY, schema.ROLLOUTS),
+    "proj": (schema.STEP_KEY, schema.PROJ),
+    "evals": (schema.STEP_KEY, schema.EVALS),
+}
+
+
+def _view_sql(store_dir: Path) -> list[str]:
+    root = str(Path(store_dir).resolve() / "runs").replace("'", "''")
+
+    def scan(table: str) -> str:
+        return f"read_parquet('{root}/*/{table}/*.parquet', union_by_name=true)"
+
+    run_columns = {c.name: ("JSON" if c.name == "config" else "TIMESTAMPTZ" if c.type == schema.TIMESTAMP
+                            else "VARCHAR") for c in schema.RUNS}
+    return [
+        f"CREATE VIEW runs AS SELECT * FROM read_json('{root}/*/run.json', columns={run_columns!r})",
+        f"CREATE VIEW steps AS SELECT * FROM {scan('steps')}",
+        f"CREATE VIEW groups AS SELECT g.* FROM {scan('groups')} g SEMI JOIN steps s USING (run_id, step)",
+        f"CREATE VIEW proj AS SELECT * FROM {scan('proj')}",
+        f"CREATE VIEW rollouts AS SELECT r.* EXCLUDE (proj_x, proj_y), coalesce(p.proj_x, r.proj_x) AS proj_x, "
+        f"coalesce(p.proj_y, r.proj_y) AS proj_y FROM {scan('rollouts')} r SEMI JOIN steps s USING (run_id, step) "
+        f"LEFT JOIN proj p USING (run_id, step, rollout_id)",
+        f"CREATE VIEW evals AS SELECT * FROM {scan('evals')}",
+    ]
+
+
+def init_store(store_dir: Path) -> None:
+    """Create the directory layout, the zero-row seed files and `store.duckdb`.
+
+    `store.duckdb` is rebuilt under a temp name and renamed into place (no lock is ever taken on the live file,
+    and a reader holding the old one keeps it); rebuilding at each writer start keeps its absolute paths right
+    if the store was moved. Call it after the run's run.json exists: the runs view needs one to bind.
+    """
+    store_dir = Path(store_dir)
+    (store_dir / "images").mkdir(parents=True, exist_ok=True)
+    for table, (key, columns) in _SEED_COLUMNS.items():
+        seed = store_dir / "runs" / ".schema" / table / "empty.parquet"
+        if not seed.exists():
+            seed.parent.mkdir(parents=True, exist_ok=True)
+            write_parquet(schema.arrow_schema(key, columns).empty_table(), seed)
+    database = store_dir / "store.duckdb"
+    tmp = _tmp(database)
+    tmp.unlink(missing_ok=True)
+    con = duckdb.connect(str(tmp))
+    try:
+        for statement in _view_sql(store_dir):
+            con.execute(statement)
+    finally:
+        con.close()
+    os.replace(tmp, database)
+    Path(f"{tmp}.wal").unlink(missing_ok=True)

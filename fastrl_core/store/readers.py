@@ -1,0 +1,306 @@
+"""The queries the app and the benchmarks use; they never write.
+
+Each query lists the run's visible steps (those whose steps file exists) and reads explicit Parquet files for
+those steps only, with an in-memory DuckDB connection. So a step is all-or-nothing for a reader (its rollouts
+and groups files were renamed into place before its steps file), no lock is taken on any file, and an empty
+run reads as an empty frame with the right columns instead of DuckDB's "No files found".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from fastrl_core.store import layout, schema
+
+_lock = threading.Lock()
+_connection: tuple[int, duckdb.DuckDBPyConnection] | None = None
+
+
+def _cursor() -> duckdb.DuckDBPyConnection:
+    """A cursor on this process's shared in-memory connection (connect costs ~10 ms, a cursor ~0)."""
+    global _connection
+    with _lock:
+        if _connection is None or _connection[0] != os.getpid():
+            _connection = (os.getpid(), duckdb.connect())
+        return _connection[1].cursor()
+
+
+def _retry_vanished(read):
+    """Re-run a read whose file list went stale (a step being re-written after a resume removes its steps file
+    between our listing and DuckDB opening it)."""
+
+    @functools.wraps(read)
+    def wrapper(*args, **kwargs):
+        for attempt in range(4):
+            try:
+                return read(*args, **kwargs)
+            except duckdb.IOException:
+                if attempt == 3:
+                    raise
+
+    return wrapper
+
+
+def _query_df(sql: str, params: dict) -> pd.DataFrame:
+    with _cursor() as cursor:
+        return cursor.sql(sql, params=params).df()
+
+
+def _empty(key: list, columns: list, names: Sequence[str] | None = None) -> pd.DataFrame:
+    frame = schema.arrow_schema(key, columns).empty_table().to_pandas()
+    return frame if names is None else frame[list(names)]
+
+
+def _run_ids(store_dir: Path, run_ids: Sequence[str] | str) -> list[str]:
+    run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
+    for run_id in run_ids:
+        if not (layout.run_dir(store_dir, run_id) / "run.json").exists():
+            raise ValueError(f"no run {run_id!r} in store {store_dir}")
+    return run_ids
+
+
+def _select_steps(store_dir: Path, run_id: str, steps: int | Sequence[int] | None) -> list[int]:
+    """Visible steps of a run, restricted to `steps` (one step or several) when given."""
+    visible = layout.step_numbers(store_dir, _run_ids(store_dir, run_id)[0], "steps")
+    if steps is None:
+        return visible
+    wanted = {int(steps)} if isinstance(steps, (int, np.integer)) else {int(s) for s in steps}
+    return [s for s in visible if s in wanted]
+
+
+def _files(store_dir: Path, run_id: str, table: str, steps: list[int]) -> list[str]:
+    return [str(layout.step_file(store_dir, run_id, table, s)) for s in steps]
+
+
+def latest_step(store_dir: str | Path, run_id: str) -> int | None:
+    """The last visible step of a run, or None before its first step."""
+    steps = layout.step_numbers(Path(store_dir), _run_ids(Path(store_dir), run_id)[0], "steps")
+    return steps[-1] if steps else None
+
+
+_steps_cache: dict[str, tuple[dict[str, tuple[int, int, int]], pd.DataFrame]] = {}
+
+
+def _run_steps(store_dir: Path, run_id: str) -> pd.DataFrame:
+    """All visible steps rows of one run. Steps files never change once written (a re-written step is a new
+    file), so each process keeps the rows it has read, keyed by (path, inode, mtime, size), and reads only new
+    files: an app polling a live run pays for the new steps only."""
+    stamps = {}
+    for step in layout.step_numbers(store_dir, run_id, "steps"):
+        path = str(layout.step_file(store_dir, run_id, "steps", step))
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:  # being re-written right now: not visible
+            continue
+        stamps[path] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    key = str(layout.run_dir(store_dir, run_id).resolve())
+    with _lock:
+        cached = _steps_cache.get(key)
+    if cached is not None and all(stamps.get(path) == stamp for path, stamp in cached[0].items()):
+        new = [path for path in stamps if path not in cached[0]]
+        frame = cached[1]
+        if new:
+            frame = pd.concat([frame, _read_steps_files(new)], ignore_index=True).sort_values("step", ignore_index=True)
+    else:
+        frame = _read_steps_files(list(stamps)) if stamps else _empty(schema.STEP_KEY, schema.STEPS)
+    with _lock:
+        _steps_cache[key] = (stamps, frame)
+    return frame
+
+
+def _read_steps_files(files: list[str]) -> pd.DataFrame:
+    return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step", {"files": files})
+
+
+@_retry_vanished
+def read_steps(store_dir: str | Path, run_ids: Sequence[str] | str) -> pd.DataFrame:
+    """Steps rows of one or several runs, ordered by run_id, step (extra numeric keys come as extra columns)."""
+    store_dir = Path(store_dir)
+    frames = [_run_steps(store_dir, run_id) for run_id in _run_ids(store_dir, run_ids)]
+    frames = [f for f in frames if len(f)] or [_empty(schema.STEP_KEY, schema.STEPS)]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].copy()
+
+
+@_retry_vanished
+def read_groups(store_dir: str | Path, run_id: str, *, step: int | Sequence[int] | None = None) -> pd.DataFrame:
+    """Group rows (one per prompt per step) of visible steps, all or only `step`, in written order."""
+    store_dir = Path(store_dir)
+    files = _files(store_dir, run_id, "groups", _select_steps(store_dir, run_id, step))
+    if not files:
+        return _empty(schema.STEP_KEY, schema.GROUPS)
+    return _query_df("SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
+                     "ORDER BY step, file_row_number", {"files": files})
+
+
+def read_budget_matrix(store_dir: str | Path, run_id: str) -> pd.DataFrame:
+    """Rollouts sampled and kept per (step, prompt_id), long format, for the budget heatmap."""
+    return read_groups(store_dir, run_id)[["step", "prompt_id", "sampled", "kept"]]
+
+
+ROLLOUT_COLUMNS = [c.name for c in schema.STEP_KEY + schema.ROLLOUTS]
+DEFAULT_ROLLOUT_COLUMNS = [c for c in ROLLOUT_COLUMNS if c != "sketch"]
+
+
+def _rollouts_sql(store_dir: Path, run_id: str, steps: list[int], columns: Sequence[str], where: list[str],
+                  limit: int | None) -> tuple[str, dict]:
+    params = {"rollouts": _files(store_dir, run_id, "rollouts", steps)}
+    proj_steps = set(layout.step_numbers(store_dir, run_id, "proj"))
+    proj = [s for s in steps if s in proj_steps]
+    select = []
+    for name in columns:
+        if name in ("proj_x", "proj_y") and proj:
+            select.append(f"coalesce(p.{name}, r.{name}) AS {name}")
+        else:
+            select.append(f"r.{name}")
+    sql = f"SELECT {', '.join(select)} FROM read_parquet($rollouts, file_row_number=true) r"
+    if proj:
+        params["proj"] = _files(store_dir, run_id, "proj", proj)
+        sql += " LEFT JOIN read_parquet($proj) p ON p.step = r.step AND p.rollout_id = r.rollout_id"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY r.step, r.file_row_number"
+    if limit is not None:
+        if not isinstance(limit, (int, np.integer)) or limit < 0:
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        sql += f" LIMIT {int(limit)}"
+    return sql, params
+
+
+@_retry_vanished
+def read_rollouts(store_dir: str | Path, run_id: str, *, step: int | Sequence[int] | None = None,
+                  prompt_id: str | None = None, kept: bool | None = None, correct: bool | None = None,
+                  reason: str | None = None, limit: int | None = None,
+                  columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """Rollouts of visible steps in written order, filtered by step (one or several), prompt, kept, correct
+    (accuracy_reward > 0) and pruning reason. Columns: all but `sketch` unless `columns` names them (see
+    read_sketches for the sketch matrix). proj_x/proj_y include coordinates set later by set_projection."""
+    store_dir = Path(store_dir)
+    columns = list(DEFAULT_ROLLOUT_COLUMNS if columns is None else columns)
+    unknown = [c for c in columns if c not in ROLLOUT_COLUMNS]
+    if unknown:
+        raise ValueError(f"read_rollouts: unknown column {unknown[0]!r}; choose from {ROLLOUT_COLUMNS}")
+    steps = _select_steps(store_dir, run_id, step)
+    if not steps:
+        return _empty(schema.STEP_KEY, schema.ROLLOUTS, columns)
+    where, params = [], {}
+    for name, value, condition in [("prompt_id", prompt_id, "r.prompt_id = $prompt_id"),
+                                   ("kept", kept, "r.kept = $kept"), ("reason", reason, "r.reason = $reason")]:
+        if value is not None:
+            where.append(condition)
+            params[name] = value
+    if correct is not None:
+        where.append("r.accuracy_reward > 0" if correct else "coalesce(r.accuracy_reward, 0) <= 0")
+    sql, files = _rollouts_sql(store_dir, run_id, steps, columns, where, limit)
+    return _query_df(sql, {**params, **files})
+
+
+SKETCH_META_COLUMNS = ["step", "rollout_id", "prompt_id", "kept", "reward", "accuracy_reward", "advantage",
+                       "reason", "score", "proj_x", "proj_y"]
+
+
+@_retry_vanished
+def read_sketches(store_dir: str | Path, run_id: str, *, steps: int | Sequence[int] | None = None,
+                  limit: int | None = None) -> tuple[pd.DataFrame, np.ndarray]:
+    """Rollouts that have a gradient sketch: (meta rows, (n, D) float32 sketch matrix), rows aligned."""
+    store_dir = Path(store_dir)
+    selected = _select_steps(store_dir, run_id, steps)
+    if not selected:
+        return _empty(schema.STEP_KEY, schema.ROLLOUTS, SKETCH_META_COLUMNS), np.zeros((0, 0), np.float32)
+    sql, params = _rollouts_sql(store_dir, run_id, selected, SKETCH_META_COLUMNS + ["sketch"],
+                                ["r.sketch IS NOT NULL"], limit)
+    with _cursor() as cursor:
+        table = cursor.sql(sql, params=params).to_arrow_table()
+    sketch = table.column("sketch").combine_chunks()
+    n = len(sketch)
+    flat = sketch.flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0, np.float32)
+    dim = flat.size // n if n else 0
+    if dim * n != flat.size:
+        raise ValueError(f"run {run_id!r}: sketches of different lengths in steps {selected[0]}..{selected[-1]}")
+    meta = table.drop_columns(["sketch"]).to_pandas()
+    return meta, flat.astype(np.float32, copy=False).reshape(n, dim)
+
+
+@_retry_vanished
+def read_evals(store_dir: str | Path, run_ids: Sequence[str] | str) -> pd.DataFrame:
+    """Evaluation rows of one or several runs, ordered by run_id, step, split."""
+    store_dir = Path(store_dir)
+    files = [f for run_id in _run_ids(store_dir, run_ids) for f in layout.eval_files(store_dir, run_id)]
+    if not files:
+        return _empty(schema.STEP_KEY, schema.EVALS)
+    return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY run_id, step, split",
+                     {"files": files})
+
+
+def read_image(store_dir: str | Path, image_ref: str) -> bytes:
+    """PNG bytes of an image by its key (a rollout's image_ref)."""
+    path = layout.image_file(Path(store_dir), image_ref)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no image {image_ref} in store {store_dir}") from None
+
+
+RUN_SUMMARY_COLUMNS = ["last_step", "steps", "wall_time", "rollouts_sampled", "rollouts_kept", "kept_fraction",
+                       "train_accuracy", "eval_split", "best_accuracy", "last_accuracy", "last_write"]
+
+
+@_retry_vanished
+def read_runs(store_dir: str | Path) -> pd.DataFrame:
+    """One row per run: the runs columns plus headline metrics — last_step, steps, wall_time (s, of the last
+    step), rollouts sampled/kept totals, kept_fraction, train_accuracy (last step), best/last eval accuracy on
+    eval_split ("test" when the run has it, else its first split alphabetically), last_write (time of the last
+    steps file; a "running" run that stopped writing long ago has crashed)."""
+    store_dir = Path(store_dir)
+    run_ids = layout.list_runs(store_dir)
+    names = [c.name for c in schema.RUNS] + RUN_SUMMARY_COLUMNS
+    if not run_ids:
+        return pd.DataFrame({name: [] for name in names})
+    rows = []
+    for run_id in run_ids:
+        meta = layout.read_run_json(store_dir, run_id)
+        row = {c.name: meta.get(c.name) for c in schema.RUNS}
+        row["config"] = json.dumps(meta.get("config", {}))
+        rows.append(row | _step_totals(store_dir, run_id))
+    runs = pd.DataFrame(rows)
+    runs["started"] = pd.to_datetime(runs["started"], utc=True, format="ISO8601")
+    runs["finished"] = pd.to_datetime(runs["finished"], utc=True, format="ISO8601")
+    runs = runs.merge(_eval_headlines(store_dir, run_ids), on="run_id", how="left")
+    return runs.reindex(columns=names)
+
+
+def _step_totals(store_dir: Path, run_id: str) -> dict:
+    steps = _run_steps(store_dir, run_id)
+    if not len(steps):
+        return {"steps": 0}
+    last = int(steps["step"].iloc[-1])
+    sampled, kept = int(steps["rollouts_sampled"].sum()), int(steps["rollouts_kept"].sum())
+    try:
+        mtime = os.path.getmtime(layout.step_file(store_dir, run_id, "steps", last))
+        last_write = pd.Timestamp(mtime, unit="s", tz="UTC")
+    except FileNotFoundError:  # being re-written
+        last_write = None
+    return {"last_step": last, "steps": len(steps), "wall_time": float(steps["wall_time"].iloc[-1]),
+            "rollouts_sampled": sampled, "rollouts_kept": kept, "kept_fraction": kept / sampled if sampled else None,
+            "train_accuracy": float(steps["accuracy"].iloc[-1]), "last_write": last_write}
+
+
+def _eval_headlines(store_dir: Path, run_ids: list[str]) -> pd.DataFrame:
+    files = [f for run_id in run_ids for f in layout.eval_files(store_dir, run_id)]
+    if not files:
+        return pd.DataFrame({"run_id": pd.Series([], dtype=str)})
+    return _query_df(
+        "WITH e AS (SELECT run_id, step, split, accuracy FROM read_parquet($files, union_by_name=true)), "
+        "pick AS (SELECT run_id, coalesce(max(split) FILTER (split = 'test'), min(split)) AS eval_split "
+        "FROM e GROUP BY run_id) "
+        "SELECT run_id, any_value(eval_split) AS eval_split, max(accuracy) AS best_accuracy, "
+        "arg_max(accuracy, step) AS last_accuracy FROM e JOIN pick USING (run_id) WHERE split = eval_split "
+        "GROUP BY run_id", {"files": files})

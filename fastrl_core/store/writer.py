@@ -1,0 +1,251 @@
+"""The trainer's side of the store: one RunWriter per run, one atomic unit per training step."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from fastrl_core.store import layout, schema
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STATUSES = ("running", "finished", "failed", "stopped")
+
+
+def image_key(png_bytes: bytes) -> str:
+    """The content key of an image: sha256 hex of its PNG bytes; rollouts refer to it as `image_ref`."""
+    return hashlib.sha256(png_bytes).hexdigest()
+
+
+def default_code_version() -> str:
+    """`git describe --always --dirty` of the source tree when it is a git checkout, else the package version."""
+    from fastrl_core import __version__
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else __version__
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class RunWriter:
+    """Writes one run into a store directory; safe against live readers in other processes and against being
+    killed at any point (every file is renamed into place; a step's steps row is written last).
+
+    One writer per run at a time. `RunWriter.resume(store_dir, run_id)` reopens a run after a crash.
+    """
+
+    def __init__(self, store_dir: str | Path, *, name: str, config: dict, model: str, dataset: str,
+                 objective: str, pruner: str, budget: str, code_version: str | None = None,
+                 run_id: str | None = None) -> None:
+        self.store_dir = Path(store_dir).resolve()
+        for key, value in dict(name=name, model=model, dataset=dataset, objective=objective, pruner=pruner,
+                               budget=budget).items():
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"runs: key {key!r} must be a non-empty str, got {value!r}")
+        if not isinstance(config, dict):
+            raise ValueError(f"runs: key 'config' must be a dict, got {type(config).__name__}")
+        (self.store_dir / "runs").mkdir(parents=True, exist_ok=True)
+        self.run_id = self._claim_run_dir(name, run_id)
+        self.meta = {
+            "run_id": self.run_id, "name": name, "config": json.loads(json.dumps(config, default=str)),
+            "code_version": code_version or default_code_version(), "model": model, "dataset": dataset,
+            "objective": objective, "pruner": pruner, "budget": budget, "started": _now(), "finished": None,
+            "status": "running", "sketch_dim": None,
+        }
+        self._run_dir = layout.run_dir(self.store_dir, self.run_id)
+        for table in layout.TABLE_DIRS:
+            (self._run_dir / table).mkdir(exist_ok=True)
+        layout.write_json(self.meta, self._run_dir / "run.json")
+        layout.init_store(self.store_dir)
+        self._clock_origin = time.time()
+
+    def _claim_run_dir(self, name: str, run_id: str | None) -> str:
+        if run_id is not None:
+            try:
+                layout.run_dir(self.store_dir, run_id).mkdir()
+            except FileExistsError:
+                raise ValueError(f"run {run_id!r} already exists in {self.store_dir}; "
+                                 "use RunWriter.resume(store_dir, run_id)") from None
+            return run_id
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:64] or "run"
+        base = f"{base}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        for suffix in range(1000):  # mkdir is atomic: two writers starting together get different ids
+            candidate = base if suffix == 0 else f"{base}-{suffix + 1}"
+            try:
+                layout.run_dir(self.store_dir, candidate).mkdir()
+                return candidate
+            except FileExistsError:
+                continue
+        raise RuntimeError(f"could not find a free run id for {base!r}")
+
+    @classmethod
+    def resume(cls, store_dir: str | Path, run_id: str) -> "RunWriter":
+        """Reopen a run: its steps are kept, its status goes back to "running", and wall_time continues from the
+        last written step. Re-writing an existing step replaces it (see write_step)."""
+        self = cls.__new__(cls)
+        self.store_dir = Path(store_dir).resolve()
+        self.run_id = run_id
+        self._run_dir = layout.run_dir(self.store_dir, run_id)
+        self.meta = layout.read_run_json(self.store_dir, run_id)
+        layout.remove_temp_files(self._run_dir)
+        self.meta.update(status="running", finished=None)
+        layout.write_json(self.meta, self._run_dir / "run.json")
+        layout.init_store(self.store_dir)
+        steps = layout.step_numbers(self.store_dir, run_id, "steps")
+        elapsed = 0.0
+        if steps:
+            last = pq.read_table(layout.step_file(self.store_dir, run_id, "steps", steps[-1]), columns=["wall_time"])
+            elapsed = last.column(0)[0].as_py() or 0.0
+        self._clock_origin = time.time() - elapsed
+        return self
+
+    def write_step(self, step: int, *, step_row: dict, groups: list[dict], rollouts: list[dict],
+                   images: dict[str, bytes]) -> None:
+        """Write one training step as one all-or-nothing unit.
+
+        images: {image_key(png): png bytes}, written once per key. Then the rollouts, the groups, and last the
+        steps row: readers only consider steps whose steps file exists. Checks before writing anything:
+        every row against its schema, len(rollouts) == rollouts_sampled, sum(kept) == rollouts_kept, one group
+        per prompt with sampled/kept matching the rollouts, image refs present, one sketch length per run.
+        Re-writing a step first hides the old one (removes its steps file), then writes the new one.
+        """
+        if not schema._is_int(step) or step < 0:
+            raise ValueError(f"steps: step must be an int >= 0, got {step!r}")
+        step = int(step)
+        self._check_images(images)
+        if not isinstance(step_row, dict):
+            raise ValueError(f"steps row 0: expected a dict, got {type(step_row).__name__}")
+        for key in ("run_id", "step"):
+            if key in step_row:
+                raise ValueError(f"steps row 0: key {key!r} is filled in by the writer; leave it out")
+        step_values = schema.validate_rows("steps", [step_row], schema.STEPS, extra_numeric=True)
+        group_values = schema.validate_rows("groups", groups, schema.GROUPS)
+        rollout_values = schema.validate_rows("rollouts", rollouts, schema.ROLLOUTS)
+        self._check_consistency(step_row, group_values, rollout_values, images)
+        sketch_dim = self._check_sketch_dim(rollout_values["sketch"])
+        if step_values["wall_time"][0] is None:
+            step_values["wall_time"] = [time.time() - self._clock_origin]
+
+        key = {"run_id": self.run_id, "step": step}
+        tables = {
+            "rollouts": schema.to_arrow(key, rollout_values, schema.STEP_KEY, schema.ROLLOUTS, len(rollouts)),
+            "groups": schema.to_arrow(key, group_values, schema.STEP_KEY, schema.GROUPS, len(groups)),
+            "steps": schema.to_arrow(key, step_values, schema.STEP_KEY, schema.STEPS, 1),
+        }
+        for ref, png in images.items():
+            path = layout.image_file(self.store_dir, ref)
+            if not path.exists():
+                layout.write_bytes(png, path)
+        if sketch_dim is not None and self.meta.get("sketch_dim") is None:
+            self.meta["sketch_dim"] = sketch_dim
+            layout.write_json(self.meta, self._run_dir / "run.json")
+        layout.step_file(self.store_dir, self.run_id, "steps", step).unlink(missing_ok=True)
+        layout.step_file(self.store_dir, self.run_id, "proj", step).unlink(missing_ok=True)
+        for table in ("rollouts", "groups", "steps"):  # steps last: it makes the step visible
+            layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step))
+
+    def _check_images(self, images: dict) -> None:
+        if not isinstance(images, dict):
+            raise ValueError(f"images: expected a dict {{image_key: png bytes}}, got {type(images).__name__}")
+        for ref, png in images.items():
+            if not isinstance(png, (bytes, bytearray)) or not bytes(png[:8]) == PNG_MAGIC:
+                raise ValueError(f"images[{ref!r}]: expected PNG bytes")
+            if ref != image_key(png):
+                raise ValueError(f"images[{ref!r}]: key is not image_key(png) = {image_key(png)!r}")
+
+    def _check_consistency(self, step_row: dict, groups: dict, rollouts: dict, images: dict) -> None:
+        n = len(rollouts["rollout_id"])
+        if step_row["rollouts_sampled"] != n:
+            raise ValueError(f"steps row 0: rollouts_sampled={step_row['rollouts_sampled']} but {n} rollouts given")
+        kept = sum(bool(k) for k in rollouts["kept"])
+        if step_row["rollouts_kept"] != kept:
+            raise ValueError(f"steps row 0: rollouts_kept={step_row['rollouts_kept']} but {kept} rollouts are kept")
+        if len(set(rollouts["rollout_id"])) != n:
+            raise ValueError("rollouts: rollout_id values must be unique within a step")
+        per_prompt: dict[str, list[int]] = {}
+        for prompt_id, is_kept in zip(rollouts["prompt_id"], rollouts["kept"]):
+            counts = per_prompt.setdefault(prompt_id, [0, 0])
+            counts[0] += 1
+            counts[1] += bool(is_kept)
+        if len(set(groups["prompt_id"])) != len(groups["prompt_id"]):
+            raise ValueError("groups: prompt_id values must be unique within a step")
+        for i, (prompt_id, sampled, kept) in enumerate(zip(groups["prompt_id"], groups["sampled"], groups["kept"])):
+            if per_prompt.pop(prompt_id, [0, 0]) != [sampled, kept]:
+                raise ValueError(f"groups row {i}: prompt {prompt_id!r} has sampled={sampled}, kept={kept} but the "
+                                 "rollouts disagree")
+        if per_prompt:
+            raise ValueError(f"rollouts: prompt_id {next(iter(per_prompt))!r} has no groups row")
+        for i, ref in enumerate(rollouts["image_ref"]):
+            if ref is not None and ref not in images and not layout.image_file(self.store_dir, ref).exists():
+                raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is neither in images nor in the store")
+
+    def _check_sketch_dim(self, sketches: np.ndarray | None) -> int | None:
+        if sketches is None:
+            return None
+        dim, known = sketches.shape[1], self.meta.get("sketch_dim")
+        if known is not None and dim != known:
+            raise ValueError(f"rollouts: key 'sketch' has length {dim}, this run's sketches have {known}")
+        return dim
+
+    def write_eval(self, step: int, split: str, accuracy: float, n: int, **extra: float) -> None:
+        """Record an evaluation at `step` (one file per step and split; writing it again replaces it)."""
+        if not schema._is_int(step) or step < 0:
+            raise ValueError(f"evals: step must be an int >= 0, got {step!r}")
+        if not isinstance(split, str) or not layout.SPLIT.fullmatch(split):
+            raise ValueError(f"evals: split {split!r} must match {layout.SPLIT.pattern}")
+        row = {"split": split, "accuracy": accuracy, "n": n, **extra}
+        values = schema.validate_rows("evals", [row], schema.EVALS, extra_numeric=True)
+        table = schema.to_arrow({"run_id": self.run_id, "step": int(step)}, values, schema.STEP_KEY, schema.EVALS, 1)
+        layout.write_parquet(table, layout.eval_file(self.store_dir, self.run_id, int(step), split))
+
+    def set_projection(self, step: int, rollout_ids: Sequence[str], xy: np.ndarray) -> None:
+        """Store 2-D map coordinates for some of `step`'s rollouts (own file beside the step; replaces any
+        earlier projection of that step). xy: (n, 2)."""
+        path = layout.step_file(self.store_dir, self.run_id, "rollouts", step)
+        if not layout.step_file(self.store_dir, self.run_id, "steps", step).exists():
+            raise ValueError(f"proj: step {step} of run {self.run_id!r} has not been written")
+        xy = np.asarray(xy, dtype=np.float64)
+        ids = list(rollout_ids)
+        if xy.shape != (len(ids), 2):
+            raise ValueError(f"proj: xy must have shape ({len(ids)}, 2) for {len(ids)} rollout ids, got {xy.shape}")
+        if not all(isinstance(i, str) for i in ids) or len(set(ids)) != len(ids):
+            raise ValueError("proj: rollout_ids must be unique strings")
+        known = set(pq.read_table(path, columns=["rollout_id"]).column(0).to_pylist())
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise ValueError(f"proj: rollout_id {unknown[0]!r} is not a rollout of step {step}")
+        rows = {"rollout_id": ids, "proj_x": xy[:, 0].tolist(), "proj_y": xy[:, 1].tolist()}
+        table = schema.to_arrow({"run_id": self.run_id, "step": int(step)}, rows, schema.STEP_KEY, schema.PROJ,
+                                len(ids))
+        layout.write_parquet(table, layout.step_file(self.store_dir, self.run_id, "proj", step))
+
+    def finish(self, status: str = "finished") -> None:
+        """Mark the run ended and compact it into runs/<run_id>/<run_id>.duckdb."""
+        from fastrl_core.store.compact import compact
+
+        if status not in STATUSES[1:]:
+            raise ValueError(f"runs: status {status!r} must be one of {STATUSES[1:]}")
+        self.meta.update(status=status, finished=_now())
+        layout.write_json(self.meta, self._run_dir / "run.json")
+        compact(self.store_dir, self.run_id)
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.meta["status"] == "running":
+            self.finish("failed" if exc_type else "finished")

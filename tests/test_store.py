@@ -1,0 +1,431 @@
+"""The run store: round trips, validation, compaction, several runs, resume (single process).
+
+Live readers and killed writers in separate processes: tests/test_store_processes.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastrl_core import store
+from fastrl_core.store import layout, readers
+from fastrl_core.store.synthetic import prompt_png, synthetic_step, write_synthetic_run
+
+PNG_A, PNG_B = prompt_png(0, size=16), prompt_png(1, size=16)
+REF_A, REF_B = store.image_key(PNG_A), store.image_key(PNG_B)
+META = dict(config={"lr": 5e-4, "pruner": {"name": "fastrl", "min_kept": 2}}, model="tiny-qwen", dataset="dots",
+            objective="grpo", pruner="fastrl", budget="fixed")
+
+
+def new_writer(root: Path, name: str = "run", **overrides) -> store.RunWriter:
+    return store.RunWriter(root, name=name, **(META | {"code_version": "test"} | overrides))
+
+
+def rollout(rollout_id: str, prompt_id: str, reward: float, advantage: float, kept: bool, sketch, **overrides) -> dict:
+    row = {"rollout_id": rollout_id, "prompt_id": prompt_id, "image_ref": REF_A if prompt_id == "a" else REF_B,
+           "question": f"question {prompt_id}", "answer": "3",
+           "completion": f"<thinking>x</thinking> \\boxed{{{reward}}}",
+           "reward": reward, "format_reward": 0.5, "accuracy_reward": 1.0 if reward > 1 else 0.0,
+           "advantage": advantage, "kept": kept, "reason": "kept" if kept else "zero_advantage",
+           "score": abs(advantage), "weight": 1.0 if kept else None, "length": 7, "sketch": sketch}
+    return row | overrides
+
+
+def tiny_step(offset: float = 0.0) -> dict:
+    """Prompt a: rewards 1.5, 0.5, 1.5 (3 rollouts, all kept); prompt b: 0.5, 0.5 (zero variance, none kept)."""
+    rollouts = [
+        rollout("r0", "a", 1.5, 0.7071 + offset, True, [1.0, 0.0, 0.0]),
+        rollout("r1", "a", 0.5, -1.4142, True, [0.0, 1.0, 0.0]),
+        rollout("r2", "a", 1.5, 0.7071, True, [0.0, 0.0, 1.0]),
+        rollout("r3", "b", 0.5, 0.0, False, [0.5, 0.5, 0.5]),
+        rollout("r4", "b", 0.5, 0.0, False, [-1.0, 2.0, -3.0]),
+    ]
+    groups = [{"prompt_id": "a", "reward_mean": 3.5 / 3, "reward_std": 0.4714, "sampled": 3, "kept": 3},
+              {"prompt_id": "b", "reward_mean": 0.5, "reward_std": 0.0, "sampled": 2, "kept": 0}]
+    step_row = {"rollouts_sampled": 5, "rollouts_kept": 3, "rollouts_per_prompt": 2.5, "reward_mean": 0.9 + offset,
+                "accuracy": 0.4, "loss": 0.25, "kl": None, "clip_fraction": 0.0, "zero_variance_groups": 1,
+                "time_generate": 0.28, "time_update": 0.43, "lr": 5e-4}
+    return {"step_row": step_row, "groups": groups, "rollouts": rollouts, "images": {REF_A: PNG_A, REF_B: PNG_B}}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "store.duckdb"}
+
+
+# --------------------------------------------------------------------------------------------------- round trips
+
+def test_round_trip_of_every_table(tmp_path):
+    writer = new_writer(tmp_path, name="fastrl run")
+    writer.write_step(0, **tiny_step())
+    writer.write_step(1, **tiny_step(offset=0.1))
+    writer.write_eval(1, "test", accuracy=0.375, n=256, greedy_length=31.5)
+    writer.set_projection(1, ["r4", "r0"], np.array([[1.0, 2.0], [-3.0, 4.0]]))
+    run_id = writer.run_id
+    assert run_id.startswith("fastrl-run-")
+
+    steps = store.read_steps(tmp_path, run_id)
+    assert steps["step"].tolist() == [0, 1]
+    row = steps.iloc[1]
+    assert (row["rollouts_sampled"], row["rollouts_kept"], row["zero_variance_groups"]) == (5, 3, 1)
+    assert row["reward_mean"] == pytest.approx(1.0) and row["lr"] == 5e-4 and row["time_update"] == 0.43
+    assert pd.isna(row["kl"]) and pd.isna(row["time_sketch"]) and row["wall_time"] >= steps.iloc[0]["wall_time"] >= 0
+
+    groups = store.read_groups(tmp_path, run_id, step=1)
+    assert groups[["prompt_id", "sampled", "kept"]].values.tolist() == [["a", 3, 3], ["b", 2, 0]]
+    assert groups["reward_mean"].tolist() == pytest.approx([3.5 / 3, 0.5])
+    assert len(store.read_groups(tmp_path, run_id)) == 4
+
+    rollouts = store.read_rollouts(tmp_path, run_id, step=1)
+    assert rollouts["rollout_id"].tolist() == ["r0", "r1", "r2", "r3", "r4"]  # written order
+    r0 = rollouts.iloc[0]
+    assert (r0["prompt_id"], r0["image_ref"], r0["kept"], r0["reason"], r0["length"]) == ("a", REF_A, True, "kept", 7)
+    assert r0["advantage"] == pytest.approx(0.8071) and r0["completion"].endswith("\\boxed{1.5}")
+    assert rollouts["proj_x"].tolist()[:1] == [-3.0] and rollouts["proj_y"].tolist()[4] == 2.0
+    assert rollouts["proj_x"].isna().tolist() == [False, True, True, True, False]
+    assert pd.isna(rollouts.iloc[3]["weight"]) and "sketch" not in rollouts
+
+    meta, sketches = store.read_sketches(tmp_path, run_id, steps=[1])
+    assert sketches.dtype == np.float32 and sketches.shape == (5, 3)
+    np.testing.assert_array_equal(sketches[4], [-1.0, 2.0, -3.0])
+    assert meta["rollout_id"].tolist() == ["r0", "r1", "r2", "r3", "r4"] and meta["proj_x"].iloc[0] == -3.0
+
+    evals = store.read_evals(tmp_path, run_id)
+    assert evals[["step", "split", "accuracy", "n", "greedy_length"]].values.tolist() == [[1, "test", 0.375, 256, 31.5]]
+    assert store.read_image(tmp_path, r0["image_ref"]) == PNG_A
+    assert store.read_budget_matrix(tmp_path, run_id).values.tolist() == [
+        [0, "a", 3, 3], [0, "b", 2, 0], [1, "a", 3, 3], [1, "b", 2, 0]]
+    assert store.latest_step(tmp_path, run_id) == 1
+
+    runs = store.read_runs(tmp_path)
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert (run["name"], run["model"], run["pruner"], run["status"]) == ("fastrl run", "tiny-qwen", "fastrl", "running")
+    assert json.loads(run["config"]) == META["config"] and run["code_version"] == "test"
+    assert (run["last_step"], run["steps"], run["rollouts_sampled"], run["rollouts_kept"]) == (1, 2, 10, 6)
+    assert run["kept_fraction"] == pytest.approx(0.6) and run["train_accuracy"] == 0.4
+    assert (run["eval_split"], run["best_accuracy"], run["last_accuracy"]) == ("test", 0.375, 0.375)
+    assert pd.isna(run["finished"])
+    writer.finish()
+    run = store.read_runs(tmp_path).iloc[0]
+    assert run["status"] == "finished" and run["finished"] >= run["started"]
+
+
+def test_images_are_stored_once_by_content_hash(tmp_path):
+    writer = new_writer(tmp_path)
+    writer.write_step(0, **tiny_step())
+    assert store.image_key(PNG_A) == hashlib.sha256(PNG_A).hexdigest()
+    path = tmp_path / "images" / f"{REF_A}.png"
+    first = path.stat().st_ino
+    writer.write_step(1, **tiny_step())
+    assert path.stat().st_ino == first  # not rewritten
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == sorted([f"{REF_A}.png", f"{REF_B}.png"])
+    later = tiny_step()
+    later["images"] = {}  # refs already in the store are accepted without the bytes
+    writer.write_step(2, **later)
+
+
+def test_empty_run_and_store_read_as_empty_frames(tmp_path):
+    assert store.read_runs(tmp_path).empty
+    run_id = new_writer(tmp_path).run_id
+    assert store.latest_step(tmp_path, run_id) is None
+    assert store.read_steps(tmp_path, run_id).empty and "rollouts_kept" in store.read_steps(tmp_path, run_id)
+    assert list(store.read_rollouts(tmp_path, run_id, columns=["step", "reward"]).columns) == ["step", "reward"]
+    assert store.read_groups(tmp_path, run_id).empty and store.read_evals(tmp_path, run_id).empty
+    meta, sketches = store.read_sketches(tmp_path, run_id)
+    assert meta.empty and sketches.shape == (0, 0)
+    assert store.read_runs(tmp_path).iloc[0]["steps"] == 0
+    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:  # seeds: views bind before step 0
+        assert con.sql("SELECT count(*) FROM rollouts").fetchall() == [(0,)]
+        assert con.sql("SELECT run_id, status, config->>'$.pruner.name' FROM runs").fetchall() == [
+            (run_id, "running", "fastrl")]
+    with pytest.raises(ValueError, match="no run 'nope'"):
+        store.read_steps(tmp_path, "nope")
+
+
+def test_a_step_without_its_steps_row_is_invisible(tmp_path):
+    """A writer killed after the rollouts and groups files but before the steps row leaves exactly this."""
+    writer = new_writer(tmp_path)
+    writer.write_step(0, **tiny_step())
+    writer.write_step(1, **tiny_step())
+    layout.step_file(tmp_path, writer.run_id, "steps", 1).unlink()
+    assert store.latest_step(tmp_path, writer.run_id) == 0
+    assert set(store.read_rollouts(tmp_path, writer.run_id)["step"]) == {0}
+    assert set(store.read_groups(tmp_path, writer.run_id)["step"]) == {0}
+    assert len(store.read_sketches(tmp_path, writer.run_id)[1]) == 5
+    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:
+        assert con.sql("SELECT count(*), max(step) FROM rollouts").fetchall() == [(5, 0)]
+        assert con.sql("SELECT count(*) FROM groups").fetchall() == [(2,)]
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+CASES = [  # (table, row, key, edit, message)
+    ("steps", 0, "rollouts_kept", "drop", "missing key 'rollouts_kept'"),
+    ("steps", 0, "accuracy", "0.5", "key 'accuracy' must be a number"),
+    ("steps", 0, "zero_variance_groups", 1.0, "key 'zero_variance_groups' must be an int"),
+    ("steps", 0, "reward_mean", None, "key 'reward_mean' must not be None"),
+    ("steps", 0, "grad_norm", "big", "extra key 'grad_norm' must be a number"),
+    ("groups", 1, "reward_std", "drop", "missing key 'reward_std'"),
+    ("groups", 1, "prompt_id", 7, "key 'prompt_id' must be a str"),
+    ("groups", 0, "sampled", True, "key 'sampled' must be an int"),
+    ("rollouts", 3, "completion", "drop", "missing key 'completion'"),
+    ("rollouts", 2, "kept", 1, "key 'kept' must be a bool"),
+    ("rollouts", 4, "advantage", "0.1", "key 'advantage' must be a number"),
+    ("rollouts", 1, "rewrad", 1.0, "unknown key 'rewrad'"),
+    ("rollouts", 0, "sketch", [[1.0, 2.0]], "key 'sketch' must be a non-empty 1-D float vector"),
+    ("rollouts", 2, "sketch", [1.0, 2.0], "key 'sketch' has length 2, row 0 has 3"),
+    ("rollouts", 3, "sketch", None, "key 'sketch' is None but other rows have one"),
+    ("rollouts", 1, "length", 7.5, "key 'length' must be an int"),
+]
+
+
+@pytest.mark.parametrize("table, row, key, value, message", CASES, ids=[f"{c[0]}-{c[2]}-{c[3]!r}" for c in CASES])
+def test_bad_row_names_table_row_key_and_writes_nothing(tmp_path, table, row, key, value, message):
+    writer = new_writer(tmp_path)
+    before = tree(tmp_path)
+    step = tiny_step()
+    rows = {"steps": [step["step_row"]], "groups": step["groups"], "rollouts": step["rollouts"]}[table]
+    if value == "drop":
+        del rows[row][key]
+    else:
+        rows[row][key] = value
+    with pytest.raises(ValueError, match=rf"^{table} row {row}: {message}"):
+        writer.write_step(0, **step)
+    assert tree(tmp_path) == before  # no image, no step file, run.json unchanged
+    assert store.latest_step(tmp_path, writer.run_id) is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s["step_row"].update(rollouts_sampled=6), "rollouts_sampled=6 but 5 rollouts given"),
+    (lambda s: s["step_row"].update(rollouts_kept=2), "rollouts_kept=2 but 3 rollouts are kept"),
+    (lambda s: s["groups"][0].update(kept=2), "groups row 0: prompt 'a' has sampled=3, kept=2 but the rollouts"),
+    (lambda s: s["groups"].pop(), "rollouts: prompt_id 'b' has no groups row"),
+    (lambda s: s["rollouts"][1].update(rollout_id="r0"), "rollout_id values must be unique"),
+    (lambda s: s["images"].pop(REF_B), f"rollouts row 3: key 'image_ref' '{REF_B}' is neither in images"),
+    (lambda s: s["images"].update({REF_A: PNG_B}), "is not image_key"),
+    (lambda s: s["images"].update({REF_A: b"GIF89a"}), "expected PNG bytes"),
+    (lambda s: s["step_row"].update(step=3), "key 'step' is filled in by the writer"),
+])
+def test_inconsistent_step_is_rejected_before_writing(tmp_path, edit, message):
+    writer = new_writer(tmp_path)
+    before = tree(tmp_path)
+    step = tiny_step()
+    edit(step)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        writer.write_step(0, **step)
+    assert tree(tmp_path) == before
+
+
+def test_sketch_length_is_fixed_per_run_and_sketches_may_be_absent(tmp_path):
+    writer = new_writer(tmp_path)
+    writer.write_step(0, **tiny_step())
+    longer = tiny_step()
+    for r in longer["rollouts"]:
+        r["sketch"] = [0.0] * 4
+    with pytest.raises(ValueError, match="length 4, this run's sketches have 3"):
+        writer.write_step(1, **longer)
+    none = tiny_step()
+    for r in none["rollouts"]:
+        r["sketch"] = None
+    writer.write_step(1, **none)
+    meta, sketches = store.read_sketches(tmp_path, writer.run_id)
+    assert sketches.shape == (5, 3) and set(meta["step"]) == {0}
+
+
+def test_run_metadata_and_eval_and_projection_errors(tmp_path):
+    with pytest.raises(ValueError, match="key 'model' must be a non-empty str"):
+        store.RunWriter(tmp_path, name="x", **(META | {"model": ""}))
+    with pytest.raises(ValueError, match="run_id 'a/b' must match"):
+        store.RunWriter(tmp_path, name="x", run_id="a/b", **META)
+    writer = new_writer(tmp_path, run_id="fixed")
+    with pytest.raises(ValueError, match="already exists"):
+        new_writer(tmp_path, run_id="fixed")
+    with pytest.raises(ValueError, match="split 'val/1'"):
+        writer.write_eval(0, "val/1", 0.5, 10)
+    with pytest.raises(ValueError, match="evals row 0: key 'n' must be an int"):
+        writer.write_eval(0, "test", 0.5, 10.0)
+    with pytest.raises(ValueError, match="step 0 of run 'fixed' has not been written"):
+        writer.set_projection(0, ["r0"], [[0.0, 0.0]])
+    writer.write_step(0, **tiny_step())
+    with pytest.raises(ValueError, match=r"xy must have shape \(2, 2\)"):
+        writer.set_projection(0, ["r0", "r1"], [[0.0, 0.0]])
+    with pytest.raises(ValueError, match="'zz' is not a rollout of step 0"):
+        writer.set_projection(0, ["r0", "zz"], np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="status 'done'"):
+        writer.finish("done")
+    with pytest.raises(ValueError, match="not an image key"):
+        store.read_image(tmp_path, "../../etc/passwd")
+    with pytest.raises(FileNotFoundError, match="no image"):
+        store.read_image(tmp_path, "0" * 64)
+    with pytest.raises(ValueError, match="unknown column 'sketches'"):
+        store.read_rollouts(tmp_path, "fixed", columns=["sketches"])
+    with pytest.raises(ValueError, match="limit must be an int >= 0"):
+        store.read_rollouts(tmp_path, "fixed", limit=-1)
+
+
+def test_default_code_version_is_git_describe_or_package_version(tmp_path):
+    writer = store.RunWriter(tmp_path, name="x", **META)
+    from fastrl_core import __version__
+    assert writer.meta["code_version"] in (store.writer.default_code_version(), __version__)
+    assert writer.meta["code_version"]
+
+
+# ------------------------------------------------------------------------------------------- filters (property)
+
+@pytest.fixture(scope="module")
+def synthetic_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic")
+    run_id = write_synthetic_run(root, steps=6, prompts=4, rollouts_per_prompt=6, sketch_dim=8, finish=False)
+    writer = store.RunWriter.resume(root, run_id)
+    ids = store.read_rollouts(root, run_id, step=2, columns=["rollout_id"])["rollout_id"].tolist()
+    writer.set_projection(2, ids[::2], np.arange(2 * len(ids[::2]), dtype=float).reshape(-1, 2))
+    return root, run_id, store.read_rollouts(root, run_id, columns=readers.ROLLOUT_COLUMNS)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step=st.none() | st.integers(0, 6) | st.lists(st.integers(0, 6), max_size=3),
+       prompt=st.none() | st.integers(0, 63), kept=st.none() | st.booleans(), correct=st.none() | st.booleans(),
+       reason=st.none() | st.sampled_from(["zero_advantage", "nonzero_advantage", "other"]),
+       limit=st.none() | st.integers(0, 30))
+def test_read_rollouts_filters_equal_pandas_filters(synthetic_store, step, prompt, kept, correct, reason, limit):
+    root, run_id, full = synthetic_store
+    prompt_id = None if prompt is None else f"p{prompt:05d}"
+    got = store.read_rollouts(root, run_id, step=step, prompt_id=prompt_id, kept=kept, correct=correct,
+                              reason=reason, limit=limit, columns=["step", "rollout_id", "proj_x"])
+    want = full
+    if step is not None:
+        want = want[want["step"].isin([step] if isinstance(step, int) else step)]
+    if prompt_id is not None:
+        want = want[want["prompt_id"] == prompt_id]
+    if kept is not None:
+        want = want[want["kept"] == kept]
+    if correct is not None:
+        want = want[(want["accuracy_reward"] > 0) == correct]
+    if reason is not None:
+        want = want[want["reason"] == reason]
+    want = want if limit is None else want.head(limit)
+    assert got["rollout_id"].tolist() == want["rollout_id"].tolist()
+    assert got["proj_x"].fillna(-1).tolist() == want["proj_x"].fillna(-1).tolist()
+
+
+def test_sketch_rows_align_with_rollouts(synthetic_store):
+    root, run_id, full = synthetic_store
+    meta, sketches = store.read_sketches(root, run_id, steps=[1, 2], limit=30)
+    assert sketches.shape == (30, 8) and len(meta) == 30
+    with_sketch = store.read_rollouts(root, run_id, step=[1, 2], columns=["rollout_id", "sketch"]).head(30)
+    assert meta["rollout_id"].tolist() == with_sketch["rollout_id"].tolist()
+    np.testing.assert_array_equal(sketches, np.stack(with_sketch["sketch"].to_list()).astype(np.float32))
+    assert meta["proj_x"].notna().sum() == (meta["step"] == 2).sum() // 2 + (meta["step"] == 2).sum() % 2
+
+
+# ------------------------------------------------------------------------------------- compact, runs, resume
+
+def test_compact_is_plain_duckdb_and_equals_the_live_reads(synthetic_store, tmp_path):
+    root, run_id, full = synthetic_store
+    path = store.compact(root, run_id)
+    assert path == root / "runs" / run_id / f"{run_id}.duckdb"
+    with duckdb.connect(str(path), read_only=True) as con:
+        rollouts = con.sql("SELECT * FROM rollouts ORDER BY step, rollout_id").df()
+        assert dict(r[:2] for r in con.sql("DESCRIBE rollouts").fetchall())["sketch"] == "FLOAT[8]"
+        steps = con.sql("SELECT * FROM steps ORDER BY step").df()
+        groups = con.sql("SELECT * FROM groups ORDER BY step, prompt_id").df()
+        evals = con.sql("SELECT * FROM evals ORDER BY step").df()
+        run = con.sql("SELECT run_id, config->>'$.steps' AS steps, status FROM runs").fetchall()
+        images = dict(con.sql("SELECT image_ref, png FROM images").fetchall())
+        zero = con.sql("SELECT count(*) FROM rollouts r JOIN groups g USING (step, prompt_id) "
+                       "WHERE g.kept = 0 AND r.kept").fetchall()
+    live = full.sort_values(["step", "rollout_id"], ignore_index=True)
+    for column in readers.ROLLOUT_COLUMNS:
+        if column == "sketch":
+            np.testing.assert_array_equal(np.stack(rollouts[column].to_list()), np.stack(live[column].to_list()))
+        else:
+            pd.testing.assert_series_equal(rollouts[column], live[column], check_dtype=False, check_names=False)
+    pd.testing.assert_frame_equal(steps, store.read_steps(root, run_id), check_dtype=False)
+    live_groups = store.read_groups(root, run_id).sort_values(["step", "prompt_id"], ignore_index=True)
+    pd.testing.assert_frame_equal(groups, live_groups, check_dtype=False)
+    pd.testing.assert_frame_equal(evals, store.read_evals(root, run_id), check_dtype=False)
+    assert run == [(run_id, "6", "running")] and zero == [(0,)]
+    assert set(images) == set(live["image_ref"]) and all(store.image_key(png) == ref for ref, png in images.items())
+
+
+def test_compact_main_compacts_every_run(tmp_path, capsys):
+    a = write_synthetic_run(tmp_path, steps=2, name="a", prompts=2, rollouts_per_prompt=3, sketch_dim=4, finish=False)
+    b = new_writer(tmp_path, name="b").run_id  # no steps yet: empty tables
+    assert store.compact_main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(layout.compact_file(tmp_path.resolve(), r)) for r in sorted([a, b])]
+    with duckdb.connect(printed[1 if b > a else 0], read_only=True) as con:
+        assert con.sql("SELECT count(*) FROM rollouts").fetchall() == [(0,)]
+    assert store.compact_main([str(tmp_path), "--run", a]) == 0
+
+
+def test_several_runs_in_one_store(tmp_path):
+    baseline = new_writer(tmp_path, name="grpo", pruner="none")
+    fastrl = new_writer(tmp_path, name="fastrl")
+    for step in range(3):
+        baseline.write_step(step, **tiny_step())
+        if step < 2:
+            fastrl.write_step(step, **tiny_step(offset=1.0))
+    fastrl.write_eval(1, "test", 0.5, 8)
+    fastrl.write_eval(1, "val", 0.9, 8)
+    baseline.finish()
+    runs = store.read_runs(tmp_path).set_index("name")
+    assert runs.loc["grpo", "last_step"] == 2 and runs.loc["fastrl", "last_step"] == 1
+    assert runs.loc["grpo", "status"] == "finished" and runs.loc["fastrl", "status"] == "running"
+    assert runs.loc["fastrl", "eval_split"] == "test" and runs.loc["fastrl", "best_accuracy"] == 0.5
+    both = store.read_steps(tmp_path, [fastrl.run_id, baseline.run_id])
+    assert sorted(both.groupby("run_id").size().tolist()) == [2, 3]
+    assert both.set_index("run_id").loc[fastrl.run_id, "reward_mean"].tolist() == pytest.approx([1.9, 1.9])
+    assert len(store.read_evals(tmp_path, [baseline.run_id, fastrl.run_id])) == 2
+    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:
+        assert sorted(con.sql("SELECT run_id, count(*) FROM rollouts GROUP BY run_id").fetchall()) == sorted(
+            [(baseline.run_id, 15), (fastrl.run_id, 10)])
+
+
+def test_resume_keeps_steps_and_a_rewritten_step_replaces_the_old(tmp_path):
+    writer = new_writer(tmp_path)
+    for step in range(3):
+        writer.write_step(step, **tiny_step())
+    writer.set_projection(2, ["r0"], [[5.0, 5.0]])
+    assert store.read_steps(tmp_path, writer.run_id)["reward_mean"].tolist() == pytest.approx([0.9] * 3)  # cached
+    writer.finish("failed")
+    (layout.run_dir(tmp_path, writer.run_id) / "rollouts" / "step_000003.parquet.tmp-999").write_bytes(b"torn")
+
+    resumed = store.RunWriter.resume(tmp_path, writer.run_id)
+    assert resumed.meta["status"] == "running" and store.read_runs(tmp_path).iloc[0]["status"] == "running"
+    assert not list(layout.run_dir(tmp_path, writer.run_id).rglob("*.tmp-*"))
+    last_wall = store.read_steps(tmp_path, writer.run_id)["wall_time"].iloc[-1]
+    resumed.write_step(2, **tiny_step(offset=0.5))  # the trainer rolled back to its step-2 checkpoint
+    resumed.write_step(3, **tiny_step(offset=0.5))
+    steps = store.read_steps(tmp_path, writer.run_id)
+    assert steps["step"].tolist() == [0, 1, 2, 3]
+    assert steps["reward_mean"].tolist() == pytest.approx([0.9, 0.9, 1.4, 1.4])  # the cache saw the rewrite
+    assert steps["wall_time"].iloc[2] >= last_wall
+    rollouts = store.read_rollouts(tmp_path, writer.run_id, step=2)
+    assert rollouts["advantage"].iloc[0] == pytest.approx(1.2071) and rollouts["proj_x"].isna().all()
+    assert store.read_rollouts(tmp_path, writer.run_id)["step"].value_counts().to_dict() == {0: 5, 1: 5, 2: 5, 3: 5}
+    with pytest.raises(ValueError, match="no run 'missing'"):
+        store.RunWriter.resume(tmp_path, "missing")
+
+
+def test_synthetic_steps_are_valid_for_many_shapes(tmp_path):
+    writer = new_writer(tmp_path)
+    pngs: dict[int, bytes] = {}
+    for step, (prompts, n, dim) in enumerate([(1, 1, 5), (3, 2, 5), (16, 8, 5), (64, 8, 5)]):
+        writer.write_step(step, **synthetic_step(step, prompts=prompts, rollouts_per_prompt=n, sketch_dim=dim,
+                                                 pngs=pngs))
+    runs = store.read_runs(tmp_path).iloc[0]
+    groups = store.read_groups(tmp_path, writer.run_id)
+    assert runs["rollouts_sampled"] == groups["sampled"].sum() and runs["rollouts_kept"] == groups["kept"].sum()
+    assert os.path.getsize(tmp_path / "store.duckdb") > 0

@@ -1,0 +1,532 @@
+"""Rollout pruners: which rollouts of each prompt group go on to the old/ref log-prob passes and the update.
+
+Input is one step's rollouts (`GroupBatch`: group ids of groups of UNEQUAL sizes, rewards, advantages,
+advantage-free gradient sketches, optionally completion token ids); output is a `PruneResult` (keep mask, a
+per-rollout score, a `Reason` per rollout and loss weights). Every pruner works on a padded (G, M) layout (G
+groups, M = the largest group size) with no Python loop over groups. Within a group, slots are ordered by a
+random permutation drawn from the passed `torch.Generator` (by batch index without one), so exact ties are
+broken at random yet reproducibly: same generator seed -> same mask.
+
+Keep count (cppo, pods, fastrl): a group of n candidates keeps m = min(n, max(min_keep, ceil(keep_ratio·n))).
+
+| pruner          | source                                   | rule                                                 | score                        | floor (kept per group)           |
+|-----------------|------------------------------------------|------------------------------------------------------|------------------------------|----------------------------------|
+| none            | plain GRPO                               | keep all                                             | |A|                          | all                              |
+| dapo_filter     | DAPO dynamic sampling (Yu et al. 2025)   | drop groups whose rewards are all equal              | group reward std (pop.)      | all, or 0 if rewards all equal   |
+| cppo            | CPPO (Lin et al. 2025)                   | top-m by |A| per group                               | |A|                          | min(min_keep, n)                 |
+| pods            | PODS (Xu et al. 2025)                    | size-m subset of max reward variance                 | |r − group mean reward|      | min(min_keep, n)                 |
+| fastrl_official | the authors' code (NOTES §1)             | equal-advantage buckets + token Jaccard, top-up      | 1 − Jaccard to bucket's rep  | 1 (ignores keep_ratio/min_keep)  |
+| fastrl          | ours (see `fastrl`)                      | drop A = 0; sign-balanced greedy k-DPP on sketches   | exp(marginal log-det gain)   | min(min_keep, #nonzero A)        |
+
+So a group is emptied only by dapo_filter (all rewards equal) and by fastrl (all advantages zero); pods and cppo
+may keep zero-advantage rollouts to reach m. Weights are 1 for kept rollouts except with fastrl (sign-mass
+weights averaging 1 per group by default, Horvitz–Thompson weights with reweight=True) and 0 for pruned ones.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from fastrl_core.algo.registry import Registry
+
+
+class Reason(enum.IntEnum):
+    """Why a rollout was kept or pruned; the run store keeps the member's name."""
+
+    KEPT = 0  # kept (with fastrl_official also the rollouts topped back up to a minibatch multiple)
+    ZERO_ADVANTAGE = 1  # fastrl: |A| <= zero_atol, so the rollout carries no policy gradient
+    ZERO_VARIANCE_GROUP = 2  # dapo_filter: every reward of its group is equal
+    LOW_ADVANTAGE = 3  # cppo: below the group's top-m |A|; fastrl: not selected although most of its sketch
+    #                    direction is new (residual >= redundant_below): its |A| was too low to beat the kept ones
+    REDUNDANT = 4  # fastrl_official: same rounded advantage as its bucket's kept rollout and token Jaccard >= 0.2;
+    #                fastrl: not selected and most of its sketch direction (1 − residual) is spanned by kept ones
+    OVER_BUDGET = 5  # pods: outside the max-reward-variance subset of size m (the middle rewards of the group)
+    NOT_SAMPLED = 6  # fastrl with reweight=True: lost the random draw of its sign's sampled stratum
+
+
+@dataclass(frozen=True)
+class GroupBatch:
+    """One step's rollouts, N in all, in prompt groups of any sizes."""
+
+    group_ids: Tensor  # (N,) long, arbitrary ids
+    rewards: Tensor  # (N,) float
+    advantages: Tensor  # (N,) float
+    sketches: Tensor | None  # (N, D) advantage-free gradient sketches (fastrl_core.algo.sketches)
+    token_ids: tuple[Tensor, ...] | None = None  # N completions' token ids, each 1-D (fastrl_official)
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    keep_mask: Tensor  # (N,) bool
+    scores: Tensor  # (N,) float, per pruner as in the module table
+    reasons: Tensor  # (N,) long, `Reason` values
+    weights: Tensor  # (N,) float loss weights: 0 pruned; 1 kept, except fastrl's sign-mass or HT weights
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The padded (G, M) layout of a batch: row = group (ascending id), column = slot (random order in group)."""
+
+    index: Tensor  # (G, M) long: batch index in each slot, 0 where padding (mask with `valid`)
+    valid: Tensor  # (G, M) bool
+    row: Tensor  # (N,) long: group row of each rollout
+    slot: Tensor  # (N,) long: slot of each rollout
+    sizes: Tensor  # (G,) long
+
+    def pad(self, values: Tensor, fill: float) -> Tensor:
+        """(N, ...) -> (G, M, ...) with `fill` in padding slots."""
+        padded = values[self.index]
+        mask = self.valid.reshape(self.valid.shape + (1,) * (values.dim() - 1))
+        return torch.where(mask, padded, torch.full((), fill, dtype=values.dtype))
+
+    def unpad(self, padded: Tensor) -> Tensor:
+        """(G, M, ...) -> (N, ...) in batch order."""
+        return padded[self.row, self.slot]
+
+
+def group_layout(group_ids: Tensor, generator: torch.Generator | None = None) -> Groups:
+    """Dense rows for arbitrary group ids and a random (generator) or index order of slots within each group."""
+    n = group_ids.numel()
+    _, row = torch.unique(group_ids, return_inverse=True)  # (N,) in [0, G)
+    tie = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    order = torch.argsort(row * n + tie)  # grouped by row, random order inside
+    sizes = torch.bincount(row)
+    starts = torch.cumsum(sizes, 0) - sizes
+    slot = torch.empty(n, dtype=torch.long)
+    slot[order] = torch.arange(n) - starts[row[order]]
+    index = torch.zeros(sizes.numel(), int(sizes.max()), dtype=torch.long)
+    index[row, slot] = torch.arange(n)
+    valid = torch.zeros(index.shape, dtype=torch.bool)
+    valid[row, slot] = True
+    return Groups(index, valid, row, slot, sizes)
+
+
+def keep_counts(candidates: Tensor, keep_ratio: float, min_keep: int) -> Tensor:
+    """m = min(n, max(min_keep, ceil(keep_ratio·n))) per group.  candidates (G,) long -> (G,) long."""
+    wanted = torch.ceil(candidates.double() * keep_ratio - 1e-9).long()  # 1e-9: 0.7·10 is not 8
+    return torch.minimum(candidates, wanted.clamp(min=min_keep))
+
+
+def _rank_descending(key: Tensor) -> Tensor:
+    """Rank of each entry of each row by `key` descending, ties in slot order.  (G, M) -> (G, M) long."""
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    return torch.empty_like(order).scatter_(1, order, torch.arange(key.shape[1]).expand_as(order))
+
+
+def _result(groups: Groups, keep: Tensor, scores: Tensor, reasons: Tensor, weights: Tensor | None = None) -> PruneResult:
+    """Padded (G, M) decisions -> a PruneResult in batch order; weights default to 1 kept / 0 pruned."""
+    keep_mask = groups.unpad(keep)
+    reasons = torch.where(keep_mask, int(Reason.KEPT), groups.unpad(reasons))
+    weights = keep_mask.float() if weights is None else torch.where(keep_mask, groups.unpad(weights).float(), 0.0)
+    return PruneResult(keep_mask, groups.unpad(scores).float(), reasons, weights)
+
+
+Pruner = Callable[..., PruneResult]
+PRUNERS: Registry[Pruner] = Registry("pruner")
+
+
+@PRUNERS.register("none")
+def keep_all(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
+             generator: torch.Generator | None) -> PruneResult:
+    """Plain GRPO: every rollout kept. Score |A|."""
+    keep = groups.valid
+    return _result(groups, keep, groups.pad(batch.advantages.abs(), 0.0), torch.zeros_like(groups.index))
+
+
+@PRUNERS.register("dapo_filter")
+def dapo_filter(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
+                generator: torch.Generator | None) -> PruneResult:
+    """DAPO dynamic sampling (Yu et al. 2025, §3.2) as a filter: drop every group whose rewards are all equal
+    (all correct or all wrong), keep the others whole; a size-1 group counts as all equal. keep_ratio and min_keep
+    are unused. Score: the group's population reward std (0 exactly for dropped groups)."""
+    rewards = groups.pad(batch.rewards.double(), math.nan)
+    high = torch.where(groups.valid, rewards, -math.inf).amax(1)
+    low = torch.where(groups.valid, rewards, math.inf).amin(1)
+    varied = high > low  # (G,)
+    mean = torch.nansum(rewards, 1) / groups.sizes
+    std = torch.where(varied, (torch.nansum((rewards - mean[:, None]) ** 2, 1) / groups.sizes).sqrt(), 0.0)
+    keep = groups.valid & varied[:, None]
+    reasons = torch.full_like(groups.index, int(Reason.ZERO_VARIANCE_GROUP))
+    return _result(groups, keep, std[:, None].expand_as(rewards), reasons)
+
+
+@PRUNERS.register("cppo")
+def cppo(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
+         generator: torch.Generator | None) -> PruneResult:
+    """CPPO (Lin et al. 2025, "CPPO: Accelerating the Training of GRPO Reasoning Models"): keep the m rollouts
+    of largest |A| per group (m from keep_ratio / min_keep, ties at random). Score |A|."""
+    magnitude = groups.pad(batch.advantages.abs(), -math.inf)
+    keep = groups.valid & (_rank_descending(magnitude) < keep_counts(groups.sizes, keep_ratio, min_keep)[:, None])
+    reasons = torch.full_like(groups.index, int(Reason.LOW_ADVANTAGE))
+    return _result(groups, keep, magnitude.clamp(min=0.0), reasons)
+
+
+@PRUNERS.register("pods")
+def pods(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
+         generator: torch.Generator | None) -> PruneResult:
+    """PODS max-variance down-sampling (Xu et al. 2025, "Not All Rollouts are Useful", Thm. 1): among all size-m
+    subsets of a group, the one of largest reward variance is the i lowest plus the m − i highest rewards for some
+    i in 0..m. Sort once, evaluate the m + 1 candidates with prefix sums: O(n log n) per group, batched over groups.
+    Score |r − group mean reward|."""
+    m = keep_counts(groups.sizes, keep_ratio, min_keep)  # (G,)
+    rewards = groups.pad(batch.rewards.double(), math.inf)  # padding sorts last
+    mean = torch.where(groups.valid, rewards, 0.0).sum(1) / groups.sizes
+    centred = torch.where(groups.valid, rewards - mean[:, None], math.inf)  # centring limits cancellation below
+    sorted_r, order = torch.sort(centred, dim=1, stable=True)  # (G, M) ascending
+    sorted_r = torch.where(torch.isfinite(sorted_r), sorted_r, 0.0)
+    zero = torch.zeros(sorted_r.shape[0], 1, dtype=sorted_r.dtype)
+    sum1 = torch.cat([zero, sorted_r.cumsum(1)], 1)  # (G, M + 1) prefix sums
+    sum2 = torch.cat([zero, (sorted_r**2).cumsum(1)], 1)
+    lows = torch.arange(sorted_r.shape[1] + 1)[None, :]  # (1, M + 1): i lowest
+    n, mm = groups.sizes[:, None], m[:, None]
+    cut = (n - mm + lows).clamp(max=sorted_r.shape[1])  # highs start here
+    s1 = sum1.gather(1, lows.expand_as(sum1)) + sum1.gather(1, n) - sum1.gather(1, cut)
+    s2 = sum2.gather(1, lows.expand_as(sum2)) + sum2.gather(1, n) - sum2.gather(1, cut)
+    variance = torch.where(lows <= mm, s2 / mm - (s1 / mm) ** 2, -math.inf)  # (G, M + 1)
+    best = variance.argmax(1, keepdim=True)  # (G, 1)
+    position = torch.arange(sorted_r.shape[1])[None, :]
+    keep_sorted = (position < best) | ((position >= n - mm + best) & (position < n))
+    keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted) & groups.valid
+    scores = torch.where(groups.valid, centred.abs(), 0.0)
+    return _result(groups, keep, scores, torch.full_like(groups.index, int(Reason.OVER_BUDGET)))
+
+
+def token_jaccard_pairs(token_ids: tuple[Tensor, ...], first: Tensor, second: Tensor) -> Tensor:
+    """Jaccard similarity of the token SETS of rollouts first[k] and second[k]; 1 for two empty sets.
+
+    token_ids: N 1-D tensors; first, second (P,) long -> (P,) float64. Vectorised: each rollout's distinct tokens
+    become sorted keys rollout·V + token, and membership of first[k]'s tokens in second[k]'s set is a searchsorted.
+    """
+    lengths = torch.tensor([t.numel() for t in token_ids], dtype=torch.long)
+    if not lengths.sum():
+        return torch.ones(first.numel(), dtype=torch.float64)
+    tokens = torch.cat([t.reshape(-1).long() for t in token_ids])
+    owner = torch.repeat_interleave(torch.arange(len(token_ids)), lengths)
+    if int(tokens.min()) < 0:
+        raise ValueError(f"GroupBatch.token_ids[{int(owner[tokens.argmin()])}] holds a negative token id")
+    vocab = int(tokens.max()) + 1
+    keys = torch.unique(owner * vocab + tokens)  # sorted distinct (rollout, token)
+    set_size = torch.bincount(keys // vocab, minlength=len(token_ids))
+    starts = torch.cumsum(set_size, 0) - set_size
+    sizes_first = set_size[first]
+    pair = torch.repeat_interleave(torch.arange(first.numel()), sizes_first)  # one entry per token of first[k]
+    offset = torch.arange(pair.numel()) - (torch.cumsum(sizes_first, 0) - sizes_first)[pair]
+    query = second[pair] * vocab + keys[starts[first][pair] + offset] % vocab
+    found = keys[torch.searchsorted(keys, query).clamp(max=keys.numel() - 1)] == query
+    common = torch.zeros(first.numel(), dtype=torch.float64).index_add_(0, pair, found.double())
+    union = sizes_first + set_size[second] - common
+    return torch.where(union > 0, common / union.clamp(min=1), 1.0)
+
+
+@PRUNERS.register("fastrl_official")
+def fastrl_official(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
+                    generator: torch.Generator | None, minibatch_size: int | None = None,
+                    jaccard_threshold: float = 0.2, decimals: int = 4) -> PruneResult:
+    """The authors' rule (NOTES §1), ignoring keep_ratio / min_keep as their code has no budget:
+
+    1. In each prompt group, bucket rollouts by advantage rounded to `decimals` (4) decimals.
+    2. In each bucket keep its representative, the rollout of largest |A| (ties at random); keep another rollout
+       of the bucket only if the Jaccard similarity of its token SET to the representative's is < 0.2.
+       Every group keeps >= 1 rollout (zero-advantage buckets included, as in their code).
+    3. If `minibatch_size` is given, top the batch up to the next multiple of it (at most N) with dropped
+       rollouts: round-robin over groups in ascending id order, each round taking each group's highest-|A|
+       remaining dropped rollout.
+    Score: 1 − Jaccard to the bucket's representative (1 for representatives). Needs `batch.token_ids`.
+    """
+    if batch.token_ids is None:
+        raise ValueError("pruner 'fastrl_official' compares completions' token sets: GroupBatch.token_ids is None")
+    if minibatch_size is not None and minibatch_size < 1:
+        raise ValueError(f"fastrl_official: minibatch_size must be >= 1, got {minibatch_size}")
+    n = batch.advantages.numel()
+    magnitude = batch.advantages.double().abs()
+    value = torch.round(batch.advantages.double() * 10**decimals).long()  # (N,) rounded advantage, integer units
+    _, bucket = torch.unique(torch.stack([groups.row, value]), dim=1, return_inverse=True)  # (N,)
+    # representative: largest |A| in the bucket, ties by the random slot order (lexsort by successive stable sorts)
+    order = torch.argsort(groups.slot, stable=True)
+    order = order[torch.argsort(magnitude[order], descending=True, stable=True)]
+    order = order[torch.argsort(bucket[order], stable=True)]
+    first_in_bucket = torch.ones(n, dtype=torch.bool)
+    first_in_bucket[1:] = bucket[order][1:] != bucket[order][:-1]
+    representative = torch.empty(int(bucket.max()) + 1, dtype=torch.long)
+    representative[bucket[order][first_in_bucket]] = order[first_in_bucket]
+    rep = representative[bucket]  # (N,) representative of each rollout's bucket
+    is_rep = rep == torch.arange(n)
+    similarity = torch.where(is_rep, 0.0, token_jaccard_pairs(batch.token_ids, torch.arange(n), rep))  # (N,)
+    keep = is_rep | (similarity < jaccard_threshold)
+    if minibatch_size is not None:
+        target = min(n, -(-int(keep.sum()) // minibatch_size) * minibatch_size)
+        need = target - int(keep.sum())
+        if need > 0:
+            dropped = groups.pad(torch.where(keep, -math.inf, magnitude), -math.inf)  # (G, M)
+            num_groups = dropped.shape[0]
+            round_key = _rank_descending(dropped) * num_groups + torch.arange(num_groups)[:, None]  # round, group
+            round_key = torch.where(torch.isfinite(dropped), round_key, torch.iinfo(torch.long).max)
+            cutoff = torch.sort(round_key.reshape(-1)).values[need - 1]
+            keep = keep | groups.unpad(round_key <= cutoff)
+    reasons = torch.full((n,), int(Reason.REDUNDANT), dtype=torch.long)
+    return _fill(groups, keep, (1.0 - similarity).float(), reasons)
+
+
+def _fill(groups: Groups, keep: Tensor, scores: Tensor, reasons: Tensor) -> PruneResult:
+    """A PruneResult from per-rollout (N,) decisions."""
+    reasons = torch.where(keep, int(Reason.KEPT), reasons)
+    return PruneResult(keep, scores, reasons, keep.float())
+
+
+def cosine_kernel(sketches: Tensor | None, groups: Groups) -> Tensor:
+    """K (G, M, M): cosine similarity of the sketches within each group, 1 on the diagonal (also for all-zero or
+    padding sketches, which are orthogonal to everything). Without sketches K = I."""
+    num_groups, size = groups.index.shape
+    if sketches is None:
+        return torch.eye(size).expand(num_groups, size, size).contiguous()
+    padded = sketches.float()[groups.index]  # (G, M, D); padding slots repeat a real row and are masked below
+    gram = torch.bmm(padded, padded.transpose(1, 2))  # (G, M, M)
+    inverse_norm = gram.diagonal(dim1=1, dim2=2).sqrt().clamp(min=1e-12).reciprocal()  # (G, M)
+    kernel = gram * inverse_norm[:, :, None] * inverse_norm[:, None, :]
+    kernel = torch.where(groups.valid[:, :, None] & groups.valid[:, None, :], kernel, 0.0)
+    kernel.diagonal(dim1=1, dim2=2).fill_(1.0)
+    return kernel
+
+
+def greedy_dpp(kernel: Tensor, log_quality: Tensor, candidates: Tensor, positive: Tensor, picks: Tensor,
+               cap_positive: Tensor, cap_negative: Tensor, required: Tensor, min_gain: float | None,
+               tiny: float = 1e-6) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Greedy MAP inference of the DPP with L = diag(q) K diag(q), batched over groups, with sign caps.
+
+    Fast greedy MAP (Chen, Zhang & Zhou 2018, "Fast Greedy MAP Inference for DPP...", Alg. 1): keep the
+    incremental Cholesky rows c_j and d_j² = K_jj − |c_j|² (the part of unit sketch j not in the span of the
+    picks); adding j raises log det L_S by gain_j = log q_j² + log d_j². Each step takes the candidate of
+    largest gain among those whose sign still has room (positive: < cap_positive picks; negative alike), then
+        e_i = (K_{j*,i} − ⟨c_{j*}, c_i⟩) / d_{j*},  c_i ← [c_i, e_i],  d_i² ← d_i² − e_i².
+    A group stops at `picks` picks, when no candidate is left, or — after `required` picks — when the best gain is
+    below `min_gain`. A pick with d² < tiny adds no direction: its Cholesky update is skipped (e = 0).
+
+    kernel (G, M, M); log_quality (G, M) = log q²; candidates, positive (G, M) bool; picks, cap_positive,
+    cap_negative, required (G,) long. Returns (selected (G, M) bool, pick order (G, M) long (−1 unpicked),
+    gain at pick time (G, M) (−inf unpicked), final d² (G, M)).
+    """
+    num_groups, size = log_quality.shape
+    rows = torch.arange(num_groups)
+    negative = candidates & ~positive
+    residual = torch.ones(num_groups, size)  # d² (G, M)
+    cholesky = torch.zeros(num_groups, size, max(int(picks.max()) if num_groups else 0, 1))  # (G, M, T)
+    selected = torch.zeros(num_groups, size, dtype=torch.bool)
+    pick_order = torch.full((num_groups, size), -1, dtype=torch.long)
+    pick_gain = torch.full((num_groups, size), -math.inf)
+    count_pos = torch.zeros(num_groups, dtype=torch.long)
+    count_neg = torch.zeros(num_groups, dtype=torch.long)
+    stopped = torch.zeros(num_groups, dtype=torch.bool)
+    for step in range(cholesky.shape[2]):
+        room = (positive & (count_pos < cap_positive)[:, None]) | (negative & (count_neg < cap_negative)[:, None])
+        allowed = candidates & ~selected & room
+        gain = torch.where(allowed, log_quality + torch.log(residual.clamp(min=1e-30)), -math.inf)
+        best_gain, best = gain.max(1)  # (G,)
+        active = (step < picks) & torch.isfinite(best_gain) & ~stopped
+        if min_gain is not None:
+            passes = (step < required) | (best_gain >= min_gain)
+            stopped |= active & ~passes
+            active &= passes
+        if not active.any():
+            break
+        selected[rows, best] |= active
+        pick_order[rows, best] = torch.where(active, step, pick_order[rows, best])
+        pick_gain[rows, best] = torch.where(active, best_gain, pick_gain[rows, best])
+        is_positive = positive[rows, best]
+        count_pos += active & is_positive
+        count_neg += active & ~is_positive
+        best_residual = residual[rows, best]  # (G,)
+        projected = torch.bmm(cholesky[:, :, :step], cholesky[rows, best, :step].unsqueeze(2)).squeeze(2)  # (G, M)
+        update = (kernel[rows, best] - projected) / best_residual.clamp(min=tiny).sqrt()[:, None]
+        update = torch.where((active & (best_residual > tiny))[:, None], update, 0.0)
+        cholesky[:, :, step] = update
+        residual = (residual - update**2).clamp(min=0.0)
+    return selected, pick_order, pick_gain, residual
+
+
+@PRUNERS.register("fastrl")
+def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
+           generator: torch.Generator | None, alpha: float = 1.0, min_gain: float | None = None,
+           reweight: bool = False, sampled_fraction: float = 0.5, zero_atol: float = 1e-6,
+           redundant_below: float = 0.5, balance: bool = True, mass_balance: bool = True) -> PruneResult:
+    """FastRL pruning: drop what carries no gradient, then keep a sign-balanced, quality-diverse set.
+
+    Per group (all groups at once, padded):
+    1. Rollouts with |A| <= zero_atol are pruned (ZERO_ADVANTAGE): A_i ∇log π(y_i) = 0, so this is free.
+    2. m = min(n', max(min_keep, ceil(keep_ratio·n'))) of the n' nonzero-advantage rollouts are chosen by greedy
+       MAP inference of a DPP (`greedy_dpp`) with L = diag(q) K diag(q): K the cosine kernel of the advantage-free
+       sketches, q = (|A| / max_group |A|)^alpha. log det L_S = Σ_S log q² + log det K_S rewards large |A| and
+       sketch directions not yet covered (alpha = 1: L is the Gram matrix of the unit sketches scaled by |A|, i.e.
+       of the rollouts' gradient directions weighted as in the loss). Dividing q by the group's largest |A|
+       changes no choice but makes gains scale-free: gain 0 = as strong as the group's best, orthogonal to picks.
+    3. Sign balance (`balance`): det L is blind to the sign of A (flipping a row and column keeps it), so it is
+       enforced apart: m is raised to the number of signs present (so min_keep = 1 still keeps one of each), and
+       a sign gets at most m − min(n_other, floor(m/2)) picks, so each sign gets >= min(n_sign, floor(m/2)) and
+       the odd pick goes to the larger gain.
+    4. Sign-mass weights (`mass_balance`, default on, ignored with reweight): kept rollouts of sign s get weight
+       ∝ M_s / M_s^kept (M = Σ|A| over the group / over its kept rollouts of that sign), averaging 1 per group
+       (`sign_mass_weights`). A GRPO group is zero-sum (Σ A_i = 0), so any direction shared by all its rollouts
+       (the prompt's) cancels in the full update; a kept set such as 4 positives of A = 0.75 and 4 negatives of
+       A = −0.25 would bring it back. With these weights Σ_kept w_i A_i = 0 again. With mass_balance=False all
+       kept weights are 1.
+    5. `min_gain` (log units; −3 ≈ a new component 5% of the best rollout's squared gradient): after
+       min(min_keep, n') picks a group stops once the best marginal log-det gain is below it. Greedy gains of a
+       submodular log det never increase, so the stop is final.
+    6. `reweight=True` (Horvitz–Thompson over a stratified design): in each sign stratum s the greedy picks did
+       not exhaust, the first k_s − r_s picks are kept for certain (weight 1) and r_s = max(1,
+       round(sampled_fraction·k_s)) rollouts are drawn uniformly without replacement (from `generator`) from the
+       other ℓ_s nonzero rollouts of that sign, each with weight ℓ_s / r_s = 1 / inclusion probability. Then for
+       ANY per-rollout quantity x_i, E[Σ_kept w_i x_i] = Σ_{i: A_i ≠ 0} x_i, the expectation taken over the draw
+       with the batch fixed (the certain set depends on the batch only). With x_i = A_i ∇log π(y_i): the weighted
+       kept policy gradient is unbiased for the whole group's (the KL term of pruned rollouts is not: it is
+       dropped). The trainer's loss divides by the KEPT count, so its expected update is the full batch's times
+       N / N_kept, a known per-step constant. Plain weights n'/m on the greedy set would NOT be unbiased: that is
+       HT for uniform sampling, and greedy choice is not uniform. With reweight, m is raised to the number of signs
+       present even without `balance` (no stratum may have inclusion probability 0); a stratum with no greedy
+       pick (possible only with min_gain) still gets one draw.
+
+    Scores: exp(marginal log-det gain) in [0, 1]: at pick time for picked rollouts, against the final picks for
+    the others (0 for A = 0). Unpicked rollouts are REDUNDANT if d² < redundant_below (most of the unit sketch is
+    in the span of the picks), else LOW_ADVANTAGE; NOT_SAMPLED if they lost a reweighting draw. Without sketches
+    K = I: sign-balanced top-|A|. Kept: m = max(keep count, number of signs present) without min_gain; at least
+    min(min_keep, n') with it; 0 only when all advantages are zero.
+
+    What was tried (`benchmarks/bench_prune.py`, synthetic mode mixture with perfect sketches, keep_ratio 0.5;
+    mean cosine of the kept update to the full group's update): weights 1 — random sign-balanced 0.68, top-|A|
+    sign-balanced 0.75, this DPP 0.76 (0.67 without sign balance), cppo 0.65, pods 0.78; with sign-mass weights —
+    random 0.81, top-|A| 0.88, DPP alpha 0 (diversity only) 0.85, alpha 0.5 / 1 / 2 0.89, alpha 1 without sign
+    balance 0.89; HT reweighting 0.76 (unbiased but noisy); min_gain −3 keeps 29% instead of 49% at 0.72. So the
+    zero-sum correction matters most, |A| next, sketch diversity adds ~0.01 here; alpha = 1 (the gradient Gram
+    matrix) was kept as the principled choice among equals. Real sketches may reward diversity more or less.
+    """
+    if alpha < 0 or zero_atol < 0 or not 0 < sampled_fraction <= 1:
+        raise ValueError(f"fastrl: need alpha >= 0, zero_atol >= 0, 0 < sampled_fraction <= 1; got alpha={alpha}, "
+                         f"zero_atol={zero_atol}, sampled_fraction={sampled_fraction}")
+    advantages = groups.pad(batch.advantages.float(), 0.0)  # (G, M)
+    candidates = groups.valid & (advantages.abs() > zero_atol)
+    positive = candidates & (advantages > 0)
+    n_pos, n_neg = positive.sum(1), (candidates & ~positive).sum(1)
+    n_nonzero = n_pos + n_neg
+    picks = keep_counts(n_nonzero, keep_ratio, min_keep)
+    if balance or reweight:  # at least one pick per sign present
+        picks = torch.maximum(picks, (n_pos > 0).long() + (n_neg > 0).long())
+    half = picks // 2 if balance else torch.zeros_like(picks)
+    cap_pos = torch.minimum(n_pos, picks - torch.minimum(n_neg, half))
+    cap_neg = torch.minimum(n_neg, picks - torch.minimum(n_pos, half))
+    magnitude = advantages.abs()
+    relative = magnitude / magnitude.amax(1, keepdim=True).clamp(min=1e-30)
+    log_quality = torch.where(candidates, 2 * alpha * torch.log(relative.clamp(min=1e-30)), -math.inf)
+    selected, pick_order, pick_gain, residual = greedy_dpp(
+        cosine_kernel(batch.sketches, groups), log_quality, candidates, positive, picks, cap_pos, cap_neg,
+        torch.minimum(n_nonzero, torch.tensor(min_keep)), min_gain)
+    final_gain = torch.where(candidates, log_quality + torch.log(residual.clamp(min=1e-30)), -math.inf)
+    scores = torch.where(selected, pick_gain, final_gain).exp()
+    reasons = torch.where(residual < redundant_below, int(Reason.REDUNDANT), int(Reason.LOW_ADVANTAGE))
+    reasons = torch.where(candidates, reasons, int(Reason.ZERO_ADVANTAGE))
+    keep, weights = selected, selected.float()
+    if mass_balance and not reweight:
+        weights = sign_mass_weights(advantages, candidates, positive, selected)
+    if reweight:
+        keep, weights = torch.zeros_like(selected), torch.zeros_like(weights)
+        for stratum, count in ((positive, n_pos), (candidates & ~positive, n_neg)):
+            kept_s, weights_s = _sample_stratum(stratum, count, selected & stratum, pick_order, sampled_fraction,
+                                                generator)
+            keep |= kept_s
+            weights += weights_s
+        reasons = torch.where(selected & ~keep, int(Reason.NOT_SAMPLED), reasons)
+    return _result(groups, keep, scores, reasons, weights)
+
+
+def sign_mass_weights(advantages: Tensor, candidates: Tensor, positive: Tensor, keep: Tensor) -> Tensor:
+    """Weights (G, M) that give each sign's kept rollouts the group's whole |A| mass of that sign, rescaled to
+    average 1 over the group's kept rollouts (so the update's scale is that of unweighted kept rollouts):
+        w_i ∝ M_s / M_s^kept,  M_s = Σ_{sign(A_j) = s} |A_j|,  M_s^kept = the same over kept j.
+    Hence Σ_kept w_i A_i ∝ M_+ − M_− = Σ_i A_i: a zero-sum group stays zero-sum after pruning, so a direction
+    shared by all the group's rollouts cancels as it does in the full update (it would not with, e.g., 4 kept
+    positives of A = 0.75 against 4 kept negatives of A = −0.25). 0 for pruned rollouts."""
+    magnitude = advantages.abs()
+    weights = torch.zeros_like(magnitude)
+    for stratum in (positive, candidates & ~positive):
+        mass = torch.where(stratum, magnitude, 0.0).sum(1)  # (G,)
+        kept_mass = torch.where(stratum & keep, magnitude, 0.0).sum(1)
+        ratio = torch.where(kept_mass > 0, mass / kept_mass.clamp(min=1e-30), 0.0)
+        weights = torch.where(stratum & keep, ratio[:, None], weights)
+    mean_weight = weights.sum(1) / keep.sum(1).clamp(min=1)
+    return weights / mean_weight.clamp(min=1e-30)[:, None]
+
+
+def _sample_stratum(stratum: Tensor, size: Tensor, picked: Tensor, pick_order: Tensor, sampled_fraction: float,
+                    generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Certain + sampled split of one sign stratum per group (see `fastrl` step 5).
+
+    stratum, picked (G, M) bool; size (G,) = stratum sizes; pick_order (G, M). Returns (keep (G, M) bool,
+    weights (G, M) float: 1 certain, ℓ/r sampled, 0 otherwise)."""
+    k = picked.sum(1)  # (G,) greedy picks in the stratum
+    draws = torch.where(k < size, torch.round(sampled_fraction * k).long().clamp(min=1), 0)  # r_s
+    certain_count = (k - draws).clamp(min=0)
+    pick_rank = _rank_descending(torch.where(picked, -pick_order.float(), -math.inf))  # 0 = first pick
+    certain = picked & (pick_rank < certain_count[:, None])
+    pool = stratum & ~certain  # ℓ_s = size − certain_count rollouts
+    noise = torch.rand(stratum.shape, generator=generator)
+    drawn = pool & (_rank_descending(torch.where(pool, noise, -math.inf)) < draws[:, None])
+    pool_size = (size - certain_count).clamp(min=1)
+    weights = torch.where(certain, 1.0, torch.where(drawn, (pool_size / draws.clamp(min=1)).float()[:, None], 0.0))
+    return certain | drawn, weights
+
+
+def _check_batch(batch: GroupBatch) -> int:
+    """Validate shapes, dtypes and finiteness; return N."""
+    if not isinstance(batch, GroupBatch):
+        raise TypeError(f"prune expects a GroupBatch, got {type(batch).__name__}")
+    n = batch.group_ids.numel()
+    if batch.group_ids.dim() != 1 or batch.group_ids.is_floating_point() or batch.group_ids.dtype == torch.bool:
+        raise ValueError(f"GroupBatch.group_ids must be a 1-D integer tensor, got {batch.group_ids.dtype} "
+                         f"{tuple(batch.group_ids.shape)}")
+    for name in ("rewards", "advantages"):
+        values = getattr(batch, name)
+        if values.shape != (n,):
+            raise ValueError(f"GroupBatch.{name} must be ({n},) like group_ids, got {tuple(values.shape)}")
+        bad = (~torch.isfinite(values.double())).nonzero().flatten()
+        if bad.numel():
+            raise ValueError(f"GroupBatch.{name} must be finite; non-finite at rows {bad[:10].tolist()}")
+    if batch.sketches is not None:
+        if batch.sketches.dim() != 2 or batch.sketches.shape[0] != n:
+            raise ValueError(f"GroupBatch.sketches must be ({n}, D), got {tuple(batch.sketches.shape)}")
+        if not torch.isfinite(batch.sketches.sum()):  # fast path; overflow of the sum falls to the exact check
+            bad = (~torch.isfinite(batch.sketches).all(1)).nonzero().flatten()
+            if bad.numel():
+                raise ValueError(f"GroupBatch.sketches must be finite; non-finite in rows {bad[:10].tolist()}")
+    if batch.token_ids is not None:
+        if len(batch.token_ids) != n:
+            raise ValueError(f"GroupBatch.token_ids must hold {n} tensors, got {len(batch.token_ids)}")
+        for row, ids in enumerate(batch.token_ids):
+            if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+                raise ValueError(f"GroupBatch.token_ids[{row}] must be a 1-D integer tensor, got {ids.dtype} "
+                                 f"{tuple(ids.shape)}")
+    return n
+
+
+def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: int = 2,
+          generator: torch.Generator | None = None, **options) -> PruneResult:
+    """Run pruner `name` (see `PRUNERS`) on `batch`; `options` are that pruner's own keyword arguments."""
+    pruner = PRUNERS.get(name)
+    if not 0 < keep_ratio <= 1:
+        raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio}")
+    if min_keep < 1:
+        raise ValueError(f"min_keep must be >= 1, got {min_keep}")
+    n = _check_batch(batch)
+    if n == 0:
+        empty = torch.zeros(0)
+        return PruneResult(empty.bool(), empty, empty.long(), empty)
+    groups = group_layout(batch.group_ids.cpu(), generator)
+    try:
+        return pruner(batch, groups, keep_ratio=keep_ratio, min_keep=min_keep, generator=generator, **options)
+    except TypeError as error:
+        if "unexpected keyword argument" in str(error):
+            raise TypeError(f"pruner {name!r}: {error}") from None
+        raise

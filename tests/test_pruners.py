@@ -1,0 +1,405 @@
+"""Pruners: hand-computed cases, loop references, and properties over random groups of unequal sizes."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastrl_core.algo.advantages import compute_advantages
+from fastrl_core.algo.pruners import PRUNERS, GroupBatch, Reason, keep_counts, prune
+
+NAMES = ["none", "dapo_filter", "cppo", "pods", "fastrl_official", "fastrl"]
+
+
+def batch_of(group_ids, rewards, advantages=None, sketches=None, token_ids=None) -> GroupBatch:
+    group_ids = torch.as_tensor(group_ids)
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if advantages is None:
+        advantages = compute_advantages("group_normalized", rewards, group_ids)
+    advantages = torch.as_tensor(advantages, dtype=torch.float32)
+    if sketches is not None:
+        sketches = torch.as_tensor(sketches, dtype=torch.float32)
+    if token_ids is not None:
+        token_ids = tuple(torch.tensor(t, dtype=torch.long) for t in token_ids)
+    return GroupBatch(group_ids, rewards, advantages, sketches, token_ids)
+
+
+@st.composite
+def batches(draw, max_groups=5, max_size=8, dim=None, continuous=False):
+    """Shuffled groups of unequal sizes with arbitrary ids; rewards from a few levels (ties, all-equal groups) or
+    continuous; advantages from an estimator or random with exact zeros; sketches with duplicates and zero rows."""
+    sizes = draw(st.lists(st.integers(1, max_size), min_size=1, max_size=max_groups))
+    ids = draw(st.lists(st.integers(-10**6, 10**6), min_size=len(sizes), max_size=len(sizes), unique=True))
+    levels = None if continuous else draw(st.sampled_from([(0.0, 1.0), (0.0, 0.5, 1.0, 1.5), None]))
+    kind = "random" if continuous else draw(st.sampled_from(["group_normalized", "mean_only", "random"]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    n = sum(sizes)
+    group_ids = torch.tensor(ids).repeat_interleave(torch.tensor(sizes))[torch.randperm(n, generator=gen)]
+    if levels is None:
+        rewards = torch.rand(n, generator=gen)
+    else:
+        rewards = torch.tensor(levels)[torch.randint(0, len(levels), (n,), generator=gen)]
+    if kind == "random":
+        advantages = torch.randn(n, generator=gen)
+        if not continuous:
+            advantages = torch.where(torch.rand(n, generator=gen) < 0.3, 0.0, advantages)
+    else:
+        advantages = compute_advantages(kind, rewards, group_ids)
+    dim = dim or draw(st.integers(1, 6))
+    sketches = torch.randn(n, dim, generator=gen)
+    if not continuous:
+        copies = torch.randint(0, n, (n,), generator=gen)
+        duplicate = torch.rand(n, generator=gen) < 0.2
+        sketches = torch.where(duplicate[:, None], sketches[copies], sketches)
+        sketches = torch.where((torch.rand(n, generator=gen) < 0.1)[:, None], 0.0, sketches)
+    token_ids = tuple(torch.randint(0, 12, (int(torch.randint(0, 7, ())),), generator=gen) for _ in range(n))
+    return GroupBatch(group_ids, rewards, advantages, sketches, token_ids)
+
+
+def group_counts(batch: GroupBatch, mask: torch.Tensor) -> dict[int, int]:
+    return {int(g): int(mask[batch.group_ids == g].sum()) for g in batch.group_ids.unique()}
+
+
+# ----------------------------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), name=st.sampled_from(NAMES), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
+       seed=st.integers(0, 1000))
+def test_every_pruner_returns_consistent_decisions(batch, name, keep_ratio, min_keep, seed):
+    result = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(seed))
+    n = batch.group_ids.numel()
+    assert result.keep_mask.shape == result.scores.shape == result.reasons.shape == result.weights.shape == (n,)
+    assert result.keep_mask.dtype == torch.bool and result.reasons.dtype == torch.long
+    assert torch.isfinite(result.scores).all() and torch.isfinite(result.weights).all()
+    assert (result.weights[~result.keep_mask] == 0).all()  # exactly 0 where pruned
+    assert (result.weights[result.keep_mask] > 0).all()
+    assert ((result.reasons == Reason.KEPT) == result.keep_mask).all()
+    assert set(result.reasons.tolist()) <= {int(r) for r in Reason}
+    again = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(seed))
+    for field in ("keep_mask", "scores", "reasons", "weights"):  # same seed -> same decisions
+        assert torch.equal(getattr(result, field), getattr(again, field)), field
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), name=st.sampled_from(NAMES), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4))
+def test_group_floors(batch, name, keep_ratio, min_keep):
+    """The per-pruner floor of the module table: how far a group may be emptied."""
+    result = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    for g, kept in group_counts(batch, result.keep_mask).items():
+        in_group = batch.group_ids == g
+        size = int(in_group.sum())
+        nonzero = int((batch.advantages[in_group].abs() > 1e-6).sum())
+        rewards = batch.rewards[in_group]
+        if name == "none":
+            assert kept == size
+        elif name == "dapo_filter":
+            assert kept == (size if rewards.max() > rewards.min() else 0)
+        elif name in ("cppo", "pods"):
+            assert kept == int(keep_counts(torch.tensor([size]), keep_ratio, min_keep))
+            assert kept >= min(min_keep, size)
+        elif name == "fastrl_official":
+            assert kept >= 1
+        else:  # fastrl: m of the nonzero-advantage rollouts, >= 1 per sign; empty only when all advantages are zero
+            signs = len(set(torch.sign(batch.advantages[in_group & (batch.advantages.abs() > 1e-6)]).tolist()))
+            assert kept == max(signs, int(keep_counts(torch.tensor([nonzero]), keep_ratio, min_keep)))
+            assert kept >= min(min_keep, nonzero)
+            assert kept > 0 or nonzero == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4), reweight=st.booleans(),
+       min_gain=st.sampled_from([None, -1.0, -5.0]))
+def test_fastrl_prunes_zero_advantage_and_balances_signs(batch, keep_ratio, min_keep, reweight, min_gain):
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, reweight=reweight, min_gain=min_gain,
+                   generator=torch.Generator().manual_seed(0))
+    zero = batch.advantages.abs() <= 1e-6
+    assert not result.keep_mask[zero].any()
+    assert (result.reasons[zero] == Reason.ZERO_ADVANTAGE).all()
+    for g in batch.group_ids.unique():
+        in_group = batch.group_ids == g
+        kept = result.keep_mask & in_group
+        pos_kept, neg_kept = int((kept & (batch.advantages > 0)).sum()), int((kept & (batch.advantages < 0)).sum())
+        n_pos = int((in_group & ~zero & (batch.advantages > 0)).sum())
+        n_neg = int((in_group & ~zero & (batch.advantages < 0)).sum())
+        assert pos_kept + neg_kept >= min(min_keep, n_pos + n_neg)
+        if min_gain is None and not reweight:  # neither sign exceeds the other by > 1 unless that one ran out
+            assert abs(pos_kept - neg_kept) <= 1 or pos_kept == n_pos or neg_kept == n_neg
+        if min_gain is None or reweight:  # one pick per sign present (reweight: no zero inclusion probability)
+            assert (pos_kept > 0) == (n_pos > 0) and (neg_kept > 0) == (n_neg > 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4))
+def test_sign_mass_weights_restore_the_zero_sum(batch, keep_ratio, min_keep):
+    """Group-normalised advantages sum to 0 per group; the kept, weighted ones must too, weights averaging 1."""
+    advantages = compute_advantages("group_normalized", batch.rewards, batch.group_ids)
+    batch = GroupBatch(batch.group_ids, batch.rewards, advantages, batch.sketches)
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    for g in batch.group_ids.unique():
+        kept = result.keep_mask & (batch.group_ids == g)
+        if kept.any():
+            weighted_sum = (result.weights[kept] * advantages[kept]).sum()
+            assert abs(float(weighted_sum)) < 1e-4 * float(advantages[kept].abs().sum())
+            assert result.weights[kept].mean() == pytest.approx(1.0, rel=1e-5)
+
+
+def naive_fastrl_selection(batch: GroupBatch, keep_ratio: float, min_keep: int) -> torch.Tensor:
+    """Loop reference for the greedy sign-capped DPP: per group, pick argmax log det L_{S+j} by slogdet."""
+    keep = torch.zeros(batch.group_ids.numel(), dtype=torch.bool)
+    for g in batch.group_ids.unique():
+        members = (batch.group_ids == g).nonzero().flatten().tolist()
+        members = [i for i in members if abs(float(batch.advantages[i])) > 1e-6]
+        if not members:
+            continue
+        a = batch.advantages[members].double()
+        units = torch.nn.functional.normalize(batch.sketches[members].double(), dim=1)
+        q = a.abs() / a.abs().max()
+        kernel = q[:, None] * (units @ units.T) * q[None, :]
+        n_pos, n_neg = int((a > 0).sum()), int((a < 0).sum())
+        m = min(len(members), max(min_keep, math.ceil(keep_ratio * len(members) - 1e-9)))
+        m = max(m, (n_pos > 0) + (n_neg > 0))
+        caps = {True: min(n_pos, m - min(n_neg, m // 2)), False: min(n_neg, m - min(n_pos, m // 2))}
+        chosen: list[int] = []
+        while len(chosen) < m:
+            best, best_value = None, -math.inf
+            for j in range(len(members)):
+                sign = bool(a[j] > 0)
+                if j in chosen or sum(bool(a[c] > 0) == sign for c in chosen) >= caps[sign]:
+                    continue
+                subset = chosen + [j]
+                value = torch.linalg.slogdet(kernel[subset][:, subset]).logabsdet.item()
+                if value > best_value:
+                    best, best_value = j, value
+            chosen.append(best)
+        keep[[members[c] for c in chosen]] = True
+    return keep
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(dim=10, continuous=True), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4))
+def test_fastrl_batched_greedy_matches_loop_reference(batch, keep_ratio, min_keep):
+    """Generic sketches (D = 10 > group size, so K_S is never singular) and distinct advantages: no ties."""
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    assert torch.equal(result.keep_mask, naive_fastrl_selection(batch, keep_ratio, min_keep))
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4))
+def test_cppo_keeps_the_largest_advantages(batch, keep_ratio, min_keep):
+    result = prune("cppo", batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    for g in batch.group_ids.unique():
+        in_group = batch.group_ids == g
+        kept, dropped = batch.advantages[in_group & result.keep_mask], batch.advantages[in_group & ~result.keep_mask]
+        if dropped.numel():
+            assert kept.abs().min() >= dropped.abs().max()
+
+
+def subset_variance(values: torch.Tensor) -> float:
+    return float(((values - values.mean()) ** 2).mean())
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(max_size=9), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4))
+def test_pods_subset_has_maximal_reward_variance(batch, keep_ratio, min_keep):
+    """Against brute force over every subset of the group's size."""
+    result = prune("pods", batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    for g in batch.group_ids.unique():
+        in_group = batch.group_ids == g
+        rewards = batch.rewards[in_group].double()
+        m = int(result.keep_mask[in_group].sum())
+        best = max(subset_variance(rewards[list(s)]) for s in itertools.combinations(range(len(rewards)), m))
+        assert subset_variance(batch.rewards[in_group & result.keep_mask].double()) == pytest.approx(best, abs=1e-9)
+
+
+def naive_official(batch: GroupBatch, minibatch_size: int | None) -> torch.Tensor:
+    """Loop reference of the authors' rule (NOTES §1); ties by batch index (no generator)."""
+    n = batch.group_ids.numel()
+    keep = torch.zeros(n, dtype=torch.bool)
+    sets = [set(t.tolist()) for t in batch.token_ids]
+    for g in sorted(batch.group_ids.unique().tolist()):
+        members = [i for i in range(n) if int(batch.group_ids[i]) == g]
+        buckets: dict[int, list[int]] = {}
+        for i in members:
+            buckets.setdefault(round(float(batch.advantages[i]) * 10**4), []).append(i)
+        for bucket in buckets.values():
+            rep = max(bucket, key=lambda i: (abs(float(batch.advantages[i])), -i))
+            keep[rep] = True
+            for i in bucket:
+                union = len(sets[i] | sets[rep])
+                if i != rep and (len(sets[i] & sets[rep]) / union if union else 1.0) < 0.2:
+                    keep[i] = True
+    if minibatch_size:
+        need = min(n, -(-int(keep.sum()) // minibatch_size) * minibatch_size) - int(keep.sum())
+        queues = {g: sorted((i for i in range(n) if int(batch.group_ids[i]) == g and not keep[i]),
+                            key=lambda i: (-abs(float(batch.advantages[i])), i))
+                  for g in sorted(batch.group_ids.unique().tolist())}
+        while need > 0:
+            for queue in queues.values():
+                if queue and need > 0:
+                    keep[queue.pop(0)] = True
+                    need -= 1
+    return keep
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), minibatch_size=st.sampled_from([None, 1, 3, 4, 8]))
+def test_fastrl_official_matches_loop_reference(batch, minibatch_size):
+    # float32 advantages rounded in float64: keep the reference's rounding on exactly the same numbers
+    result = prune("fastrl_official", batch, minibatch_size=minibatch_size)
+    assert torch.equal(result.keep_mask, naive_official(batch, minibatch_size))
+
+
+# ----------------------------------------------------------------------------------------------- hand-computed
+
+
+def test_none_keeps_everything_and_scores_abs_advantage():
+    batch = batch_of([3, 3, 7], [1.0, 0.0, 0.5], advantages=[0.7, -0.7, 0.0])
+    result = prune("none", batch)
+    assert result.keep_mask.all() and (result.weights == 1).all()
+    assert result.scores.tolist() == pytest.approx([0.7, 0.7, 0.0])
+
+
+def test_dapo_filter_drops_all_equal_groups():
+    batch = batch_of([0, 0, 0, 5, 5, 9], [1.0, 1.0, 1.0, 0.0, 1.0, 0.3])
+    result = prune("dapo_filter", batch)
+    assert result.keep_mask.tolist() == [False, False, False, True, True, False]  # size-1 group: all equal
+    assert result.reasons.tolist() == [Reason.ZERO_VARIANCE_GROUP] * 3 + [Reason.KEPT] * 2 + [Reason.ZERO_VARIANCE_GROUP]
+    assert result.scores.tolist() == pytest.approx([0, 0, 0, 0.5, 0.5, 0])
+
+
+def test_pods_worked_example():
+    """rewards [0.2, 1.0, 0.5, 0.0, 0.9, 0.6], m = 3. Sorted 0, .2, .5, .6, .9, 1; candidates (i lowest + 3 − i
+    highest): i=0 {.6, .9, 1} var .0289; i=1 {0, .9, 1} var .2022; i=2 {0, .2, 1} var .1867; i=3 {0, .2, .5}
+    var .0422. Best i = 1: keep rewards 0.0, 0.9, 1.0 = rollouts 3, 4, 1."""
+    batch = batch_of([4] * 6, [0.2, 1.0, 0.5, 0.0, 0.9, 0.6])
+    result = prune("pods", batch, keep_ratio=0.5, min_keep=2)
+    assert result.keep_mask.tolist() == [False, True, False, True, True, False]
+    assert result.reasons[~result.keep_mask].tolist() == [Reason.OVER_BUDGET] * 3
+    assert result.scores.tolist() == pytest.approx([abs(r - 3.2 / 6) for r in [0.2, 1.0, 0.5, 0.0, 0.9, 0.6]])
+
+
+def test_cppo_worked_example():
+    batch = batch_of([1] * 5, [0] * 5, advantages=[0.1, -2.0, 0.5, 1.5, -0.3])
+    result = prune("cppo", batch, keep_ratio=0.4, min_keep=1)  # ceil(0.4 * 5) = 2
+    assert result.keep_mask.tolist() == [False, True, False, True, False]
+    assert (result.reasons[~result.keep_mask] == Reason.LOW_ADVANTAGE).all()
+
+
+def test_fastrl_official_worked_example():
+    """Group 0, advantage 0.7071 bucket (4 decimals): r1 (|A| 0.70714) is the representative; r0 has Jaccard
+    |{1,2,3}| / |{1,2,3,4,5}| = 0.6 to it -> REDUNDANT; r2 shares no token -> kept. Bucket −0.7071: r3
+    (|A| 0.70711) is the representative; r4 {1,2,3} vs {1,2}: 2/3 -> REDUNDANT; r5 {20..23,1} vs {1,2}: 1/6 < 0.2
+    -> kept. Group 1 (both A = 0): one bucket, r7 repeats r6's tokens -> REDUNDANT. 5 kept."""
+    advantages = [0.70711, 0.70714, 0.70712, -0.70711, -0.70709, -0.70710, 0.0, 0.0]
+    tokens = [[1, 2, 3, 4], [1, 2, 3, 5], [7, 8, 9, 10], [1, 2], [1, 2, 3], [20, 21, 22, 23, 1], [4, 4, 5], [5, 4]]
+    batch = batch_of([0] * 6 + [1] * 2, [0] * 8, advantages=advantages, token_ids=tokens)
+    result = prune("fastrl_official", batch)
+    assert result.keep_mask.tolist() == [False, True, True, True, False, True, True, False]
+    assert result.reasons.tolist() == [Reason.REDUNDANT, 0, 0, 0, Reason.REDUNDANT, 0, 0, Reason.REDUNDANT]
+    assert result.scores.tolist() == pytest.approx([0.4, 1, 1, 1, 1 / 3, 5 / 6, 1, 0])
+    # minibatch 3: 5 kept -> 6; round 1 takes group 0's best dropped (r0, |A| .70711 > r4's .70709)
+    topped = prune("fastrl_official", batch, minibatch_size=3)
+    assert topped.keep_mask.tolist() == [True, True, True, True, False, True, True, False]
+    # minibatch 4: 5 -> 8; round 1: r0 (group 0), r7 (group 1); round 2: r4
+    assert prune("fastrl_official", batch, minibatch_size=4).keep_mask.all()
+
+
+def test_fastrl_picks_the_diverse_pair_over_the_near_duplicate_pair():
+    """Three positive rollouts; r1 is nearly a copy of r0 (cosine 0.999) with a larger |A| than r2. top-|A| keeps
+    {r0, r1}; the DPP keeps {r0, r2}: det [[1, .999], [.999, 1]]·.95² ≈ .0018 ≪ det I·.9² = .81."""
+    sketches = [[1.0, 0.0, 0.0], [0.999, math.sqrt(1 - 0.999**2), 0.0], [0.0, 0.0, 1.0]]
+    batch = batch_of([0, 0, 0], [0, 0, 0], advantages=[1.0, 0.95, 0.9], sketches=sketches)
+    assert prune("cppo", batch, keep_ratio=0.5).keep_mask.tolist() == [True, True, False]
+    result = prune("fastrl", batch, keep_ratio=0.5)
+    assert result.keep_mask.tolist() == [True, False, True]
+    assert result.reasons[1] == Reason.REDUNDANT  # 1 − 0.999² of its direction is new: d² ≈ 0.002 < 0.5
+    # scores: r0 gain 0 -> 1; r2 picked second: (0.9)² · 1; r1 afterwards: 0.95² · (1 − 0.999²)
+    assert result.scores.tolist() == pytest.approx([1.0, 0.95**2 * (1 - 0.999**2), 0.81], rel=1e-3)
+
+
+def test_fastrl_without_sketches_is_sign_balanced_top_advantage():
+    batch = batch_of([0] * 6, [0] * 6, advantages=[2.0, 1.5, 1.0, 0.5, -0.2, -0.1])
+    result = prune("fastrl", batch, keep_ratio=0.5, min_keep=2)  # m = 3: positives capped at 3 − 1 = 2
+    assert result.keep_mask.tolist() == [True, True, False, False, True, False]
+    # sign-mass weights: positives 5.0 / 3.5, negative 0.3 / 0.2, then divided by their mean over the 3 kept
+    raw = torch.tensor([5.0 / 3.5, 5.0 / 3.5, 0.3 / 0.2])
+    assert result.weights[result.keep_mask].tolist() == pytest.approx((raw / raw.mean()).tolist())
+    plain = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, mass_balance=False)
+    assert plain.weights.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    unbalanced = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, balance=False)
+    assert unbalanced.keep_mask.tolist() == [True, True, True, False, False, False]
+
+
+def test_fastrl_adaptive_stop_keeps_the_minimum_when_the_rest_is_redundant():
+    """Two positive copies and two negative copies of one direction each: after one pick per sign (min_keep 2)
+    every other candidate has d² ≈ 0, a gain far below −3, so the group stops at 2 instead of m = 4."""
+    sketches = [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
+    batch = batch_of([0] * 4, [1, 1, 0, 0], advantages=[1.0, 1.0, -1.0, -1.0], sketches=sketches)
+    assert int(prune("fastrl", batch, keep_ratio=1.0).keep_mask.sum()) == 4
+    stopped = prune("fastrl", batch, keep_ratio=1.0, min_keep=2, min_gain=-3.0)
+    assert stopped.keep_mask.tolist() in ([True, False, True, False], [True, False, False, True],
+                                          [False, True, True, False], [False, True, False, True])
+    assert (stopped.reasons[~stopped.keep_mask] == Reason.REDUNDANT).all()
+
+
+def test_fastrl_reweighting_is_horvitz_thompson_unbiased():
+    """One group (4 positive, 6 negative, distinct |A|) replicated 4,000 times in one batch; each replica draws its
+    own sample. For every nonzero rollout, mean over replicas of weight·[kept] must be 1 (inclusion probability ×
+    1/inclusion probability), and the rollouts kept for certain have weight exactly 1 in every replica."""
+    replicas = 4000
+    advantages = torch.tensor([1.5, 1.0, 0.8, 0.5, -0.2, -0.3, -0.4, -0.6, -0.7, -0.9, 0.0, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    sketches = torch.randn(12, 5, generator=gen).repeat(replicas, 1)
+    group_ids = torch.arange(replicas).repeat_interleave(12)
+    batch = GroupBatch(group_ids, torch.zeros(12 * replicas), advantages.repeat(replicas), sketches)
+    result = prune("fastrl", batch, keep_ratio=0.5, reweight=True, generator=torch.Generator().manual_seed(1))
+    contribution = (result.weights * result.keep_mask).reshape(replicas, 12)
+    mean = contribution.mean(0)
+    std_error = contribution.std(0) / math.sqrt(replicas)
+    assert (mean[10:] == 0).all()
+    assert ((mean[:10] - 1).abs() <= 4 * std_error[:10] + 1e-6).all(), mean
+    always = (contribution == 1).all(0)
+    assert always.sum() >= 2  # m = 5: a certain part in at least the larger stratum
+    assert set(result.reasons[~result.keep_mask].tolist()) <= {Reason.NOT_SAMPLED, Reason.REDUNDANT,
+                                                                 Reason.LOW_ADVANTAGE, Reason.ZERO_ADVANTAGE}
+
+
+# ----------------------------------------------------------------------------------------------- errors and edges
+
+
+def test_empty_batch():
+    empty = GroupBatch(torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(0), torch.zeros(0, 4))
+    for name in ["none", "cppo", "fastrl"]:
+        assert prune(name, empty).keep_mask.numel() == 0
+
+
+def test_bad_input_names_the_problem():
+    good = batch_of([0, 0], [1.0, 0.0], sketches=[[1.0], [2.0]])
+    with pytest.raises(KeyError, match="unknown pruner 'nope'"):
+        prune("nope", good)
+    with pytest.raises(ValueError, match="keep_ratio"):
+        prune("cppo", good, keep_ratio=0.0)
+    with pytest.raises(ValueError, match="min_keep"):
+        prune("cppo", good, min_keep=0)
+    with pytest.raises(ValueError, match=r"GroupBatch.advantages must be \(2,\)"):
+        prune("cppo", GroupBatch(good.group_ids, good.rewards, torch.zeros(3), None))
+    with pytest.raises(ValueError, match="GroupBatch.rewards must be finite; non-finite at rows \\[1\\]"):
+        prune("cppo", GroupBatch(good.group_ids, torch.tensor([0.0, math.nan]), good.advantages, None))
+    with pytest.raises(ValueError, match="GroupBatch.sketches must be finite; non-finite in rows \\[0\\]"):
+        prune("fastrl", GroupBatch(good.group_ids, good.rewards, good.advantages, torch.tensor([[math.inf], [0.0]])))
+    with pytest.raises(ValueError, match="group_ids must be a 1-D integer"):
+        prune("none", GroupBatch(torch.zeros(2), good.rewards, good.advantages, None))
+    with pytest.raises(ValueError, match="token_ids is None"):
+        prune("fastrl_official", good)
+    with pytest.raises(ValueError, match=r"token_ids\[1\] holds a negative token id"):
+        prune("fastrl_official", batch_of([0, 0], [1.0, 0.0], token_ids=[[1], [-2]]))
+    with pytest.raises(TypeError, match="pruner 'cppo'.*unexpected keyword argument 'alpha'"):
+        prune("cppo", good, alpha=1.0)
+
+
+def test_registry_lists_every_pruner():
+    assert PRUNERS.names() == sorted(NAMES)

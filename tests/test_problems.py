@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fastrl_core.data.problems import Problem, load_problems
+from fastrl_core.data.problems import Problem, load_hf_dataset, load_problems
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "geo-real-sample"
 if not SAMPLE.is_dir():
@@ -199,3 +199,16 @@ def test_unknown_schema_duplicate_ids_and_missing_sources(rows, tmp_path):
         load_problems(tmp_path / "nothing.jsonl")
     with pytest.raises(ValueError, match="no problems.jsonl"):
         load_problems(tmp_path)
+
+
+def test_hf_datasets_objects_with_image_features_load_identically(sample, rows, provenance, tmp_path):
+    # the hub path minus the download: a datasets.Dataset whose image columns are decoded Image features
+    datasets = pytest.importorskip("datasets")
+    geometry3k = datasets.Dataset.from_list(_geometry3k_rows(rows, provenance, as_bytes=True))
+    geometry3k = geometry3k.cast_column("images", datasets.List(datasets.Image()))
+    loaded = load_hf_dataset(geometry3k, where="hiyouga/geometry3k[train]", kind="Geometry3K",
+                             image_cache=tmp_path / "cache")
+    _assert_same(loaded, [p for p in sample if p.kind == "Geometry3K"])
+    r1v = datasets.Dataset.from_list(_r1v_rows(rows)).cast_column("image", datasets.Image())
+    _assert_same(load_hf_dataset(r1v, where="r1v", image_cache=tmp_path / "cache"),
+                 [p for p in sample if p.kind == "GeoQA"], same_ids=False)

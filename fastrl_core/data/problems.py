@@ -159,22 +159,35 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
 
 
 def _load_hub(name: str, *, split: str | None, cache: Path, skip_bad: bool, limit: int | None) -> LoadedProblems:
-    """A hub dataset through `datasets` (imported here only); images are read undecoded as {bytes, path}."""
+    """A hub dataset through `datasets` (imported here only)."""
     try:
         import datasets
     except ImportError as e:
         raise ValueError(f"{name!r} is not a local folder or file, and reading it from the hub needs `datasets`") from e
     split = split or "train"
     dataset = datasets.load_dataset(name, split=split)
+    return load_hf_dataset(dataset, where=f"{name}[{split}]", kind=HUB_KINDS.get(name), image_cache=cache,
+                           skip_bad=skip_bad, limit=limit)
+
+
+def load_hf_dataset(dataset, *, where: str, kind: str | None = None, image_cache: Path | None = None,
+                    skip_bad: bool = False, limit: int | None = None) -> LoadedProblems:
+    """Problems from a `datasets.Dataset` in one of the schemas above (what `load_problems` does for hub names).
+
+    Image columns are read undecoded ({bytes, path}) so the original bytes go to the cache unchanged.
+    """
+    import datasets
+
     for column in ("image", "images"):
-        if column in dataset.features:
-            feature = dataset.features[column]
-            if isinstance(feature, datasets.Image):
-                dataset = dataset.cast_column(column, datasets.Image(decode=False))
-            elif isinstance(getattr(feature, "feature", None), datasets.Image):
-                dataset = dataset.cast_column(column, datasets.Sequence(datasets.Image(decode=False)))
-    return _load_rows(iter(dataset), where=f"{name}[{split}]", base=None, cache=cache,
-                      kind=HUB_KINDS.get(name), skip_bad=skip_bad, limit=limit)
+        if column not in dataset.features:
+            continue
+        feature = dataset.features[column]
+        if isinstance(feature, datasets.Image):
+            dataset = dataset.cast_column(column, datasets.Image(decode=False))
+        elif isinstance(getattr(feature, "feature", None), datasets.Image):
+            dataset = dataset.cast_column(column, datasets.List(datasets.Image(decode=False)))
+    cache = Path(image_cache) if image_cache is not None else DEFAULT_IMAGE_CACHE
+    return _load_rows(iter(dataset), where=where, base=None, cache=cache, kind=kind, skip_bad=skip_bad, limit=limit)
 
 
 def _load_rows(rows: Iterator[dict], *, where: str, base: Path | None, cache: Path, kind: str | None,

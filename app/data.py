@@ -1,0 +1,171 @@
+"""Cached readers for the pages: thin wrappers around the store's `read_*` functions (the app never writes).
+
+Where the store lives: `--store DIR` after streamlit's `--` (`streamlit run app/main.py -- --store runs`), else
+the FASTRL_STORE environment variable, else `./runs`. Cache keys include the run's latest step, so a live
+run's new step is read once and a finished run's data is read once per process (NOTES §3: the store's
+per-step Parquet files are read without taking any lock, so the trainer is never blocked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app.projection import Projection, SketchMap
+from fastrl_core import store
+from fastrl_core.store import PHASES
+
+__all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
+           "budget_matrix", "sketches", "image_bytes", "image_data_url", "project"]
+
+
+def store_dir() -> Path:
+    """The store directory: `--store` in the script arguments, else $FASTRL_STORE, else ./runs."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--store")
+    known, _ = parser.parse_known_args(sys.argv[1:])
+    return Path(known.store or os.environ.get("FASTRL_STORE") or "runs")
+
+
+def _key() -> str:
+    return str(store_dir().resolve())
+
+
+@st.cache_data(ttl=2.0, show_spinner=False)
+def _runs(store_key: str) -> pd.DataFrame:
+    return store.read_runs(store_key)
+
+
+def runs() -> pd.DataFrame:
+    """One row per run with status and headline metrics (read_runs), newest first; cached for 2 s."""
+    frame = _runs(_key())
+    return frame.sort_values("started", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def latest_step(run_id: str) -> int | None:
+    """The run's last visible step (a directory listing, not cached: it is the cache version of the rest)."""
+    return store.latest_step(_key(), run_id)
+
+
+def _versions(run_ids: tuple[str, ...]) -> tuple:
+    return tuple(latest_step(run_id) for run_id in run_ids)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _steps(store_key: str, run_ids: tuple[str, ...], versions: tuple) -> pd.DataFrame:
+    return store.read_steps(store_key, list(run_ids))
+
+
+def steps(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
+    """Steps rows of these runs (read_steps), re-read when any run has a new step."""
+    run_ids = tuple(run_ids)
+    return _steps(_key(), run_ids, _versions(run_ids))
+
+
+@st.cache_data(ttl=3.0, max_entries=64, show_spinner=False)
+def _evals(store_key: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
+    return store.read_evals(store_key, list(run_ids))
+
+
+def evals(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
+    """Evaluation rows of these runs (read_evals); cached for 3 s (an eval may land between steps)."""
+    return _evals(_key(), tuple(run_ids))
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _groups(store_key: str, run_id: str, step: int | None, version: int | None) -> pd.DataFrame:
+    return store.read_groups(store_key, run_id, step=step)
+
+
+def groups(run_id: str, step: int | None = None) -> pd.DataFrame:
+    """Group rows of one step, or of every step when `step` is None (read_groups)."""
+    return _groups(_key(), run_id, step, latest_step(run_id) if step is None else None)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _budget_matrix(store_key: str, run_id: str, version: int | None) -> pd.DataFrame:
+    return store.read_budget_matrix(store_key, run_id)
+
+
+def budget_matrix(run_id: str) -> pd.DataFrame:
+    """Rollouts sampled and kept per (step, prompt_id) (read_budget_matrix)."""
+    return _budget_matrix(_key(), run_id, latest_step(run_id))
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _rollouts(store_key: str, run_id: str, step: int, prompt_id: str | None) -> pd.DataFrame:
+    return store.read_rollouts(store_key, run_id, step=step, prompt_id=prompt_id)
+
+
+def rollouts(run_id: str, step: int, prompt_id: str | None = None) -> pd.DataFrame:
+    """Every rollout of one step (or of one prompt's group in it), all columns but the sketch."""
+    return _rollouts(_key(), run_id, int(step), prompt_id)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _rollout_steps(store_key: str, run_id: str, columns: tuple[str, ...], version: int | None) -> pd.DataFrame:
+    return store.read_rollouts(store_key, run_id, columns=list(columns))
+
+
+def rollout_steps(run_id: str, columns: tuple[str, ...] = ("step", "kept", "reason")) -> pd.DataFrame:
+    """A few columns of every rollout of the run (e.g. prune reasons over steps)."""
+    return _rollout_steps(_key(), run_id, tuple(columns), latest_step(run_id))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _sketches(store_key: str, run_id: str, steps: tuple[int, ...], limit: int | None) -> tuple[pd.DataFrame, np.ndarray]:
+    return store.read_sketches(store_key, run_id, steps=list(steps), limit=limit)
+
+
+def sketches(run_id: str, steps: list[int] | tuple[int, ...], limit: int | None = None
+             ) -> tuple[pd.DataFrame, np.ndarray]:
+    """(meta rows, (n, D) sketches) of the rollouts of `steps` that have a sketch (read_sketches)."""
+    return _sketches(_key(), run_id, tuple(int(s) for s in steps), limit)
+
+
+@st.cache_data(max_entries=1024, show_spinner=False)
+def _image_bytes(store_key: str, image_ref: str) -> bytes:
+    return store.read_image(store_key, image_ref)
+
+
+def image_bytes(image_ref: str | None) -> bytes | None:
+    """PNG bytes of a prompt image, or None when the rollout has none or the file is missing."""
+    if not image_ref:
+        return None
+    try:
+        return _image_bytes(_key(), image_ref)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def image_data_url(image_ref: str | None) -> str | None:
+    """A base64 data URL of the image, for st.column_config.ImageColumn (NOTES §4: no local paths)."""
+    png = image_bytes(image_ref)
+    return None if png is None else "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+@st.cache_resource(show_spinner=False)
+def _sketch_map() -> SketchMap:
+    return SketchMap()
+
+
+def sketch_map() -> SketchMap:
+    """The process-wide background UMAP service (one fitted map per run)."""
+    return _sketch_map()
+
+
+def project(run_id: str, meta: pd.DataFrame, matrix: np.ndarray) -> Projection:
+    """2-D coordinates of the sketches: the trainer's own projection when every row has one, else the app's
+    background UMAP (PCA until it is ready)."""
+    if len(meta) and meta["proj_x"].notna().all() and meta["proj_y"].notna().all():
+        xy = meta[["proj_x", "proj_y"]].to_numpy(dtype=np.float64)
+        return Projection(xy, "stored", 0, "Map coordinates computed by the trainer and stored with the run.")
+    ids = list(zip(meta["step"].tolist(), meta["rollout_id"].tolist()))
+    return sketch_map().project((_key(), run_id), ids, matrix)

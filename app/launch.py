@@ -1,0 +1,75 @@
+"""Start the dashboard as a `streamlit run` subprocess and wait until it answers (NOTES §4).
+
+The store directory reaches the app as `--store DIR` after streamlit's `--` (and as FASTRL_STORE for
+anything the app spawns); see `app.data.store_dir`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ENTRY = Path(__file__).with_name("main.py")
+
+
+def streamlit_command(store_dir: Path, *, port: int, address: str) -> list[str]:
+    """The `streamlit run` command line for the app on `store_dir`."""
+    return [
+        sys.executable, "-m", "streamlit", "run", str(ENTRY),
+        "--server.headless", "true",
+        "--server.address", address,
+        "--server.port", str(port),
+        "--server.fileWatcherType", "none",
+        "--server.runOnSave", "false",
+        "--browser.gatherUsageStats", "false",
+        "--", "--store", str(Path(store_dir).resolve()),
+    ]
+
+
+def wait_healthy(port: int, timeout: float = 60.0, *, address: str = "127.0.0.1",
+                 process: subprocess.Popen | None = None) -> None:
+    """Poll `http://address:port/_stcore/health` until it says "ok".
+
+    Raises TimeoutError after `timeout` seconds, or RuntimeError as soon as `process` has exited.
+    """
+    url = f"http://{address}:{port}/_stcore/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the app exited with code {process.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer 'ok' within {timeout:.0f} s")
+
+
+def serve(store_dir: Path, *, port: int = 8501, address: str = "127.0.0.1", timeout: float = 60.0,
+          log_path: Path | None = None) -> subprocess.Popen:
+    """Start the app on `store_dir` at http://address:port and return once it is healthy.
+
+    The app's output goes to `log_path` (default: a file in the temp directory named after the port);
+    on failure the error names that file and quotes its last lines. Stop it with `process.terminate()`.
+    """
+    store_dir = Path(store_dir)
+    log_path = Path(log_path or Path(tempfile.gettempdir()) / f"fastrl-app-{port}.log")
+    env = {**os.environ, "FASTRL_STORE": str(store_dir.resolve())}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(streamlit_command(store_dir, port=port, address=address),
+                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_healthy(port, timeout, address=address, process=process)
+    except (TimeoutError, RuntimeError) as error:
+        process.terminate()
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"{error}; app log {log_path}:\n{tail}") from None
+    return process

@@ -1,0 +1,76 @@
+"""Pieces of page furniture shared by the pages: the run picker, live refresh, and the empty-store notice."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import analysis, data
+
+LIVE_EVERY = "2s"  # fragment refresh interval while a run is writing steps
+STATUS_ICON = {"running": ":green[:material/play_circle:]", "finished": ":material/check_circle:",
+               "failed": ":red[:material/error:]", "stopped": ":material/stop_circle:",
+               "stalled": ":orange[:material/warning:]"}  # markdown only (no emoji font needed)
+
+
+def now() -> pd.Timestamp:
+    return pd.Timestamp.now(tz="UTC")
+
+
+def status(run: pd.Series) -> str:
+    return analysis.run_status(run, now())
+
+
+def is_live(run: pd.Series) -> bool:
+    return status(run) == "running"
+
+
+def wait_for_runs() -> None:
+    """Tell the user the store is empty and rerun the app as soon as a run appears."""
+    st.info(f"No runs in the store `{data.store_dir()}` yet. Start one with "
+            "`fastrl train store_dir=...` or `fastrl demo`; this page updates by itself.")
+
+    @st.fragment(run_every=LIVE_EVERY)
+    def poll() -> None:
+        if not data.runs().empty:
+            st.rerun(scope="app")
+
+    poll()
+
+
+def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run") -> pd.Series:
+    """A sidebar run picker, defaulting to ?run= (deep links), then the last choice, then a live run, then the
+    newest; the choice is written back to the URL."""
+    ids = runs["run_id"].tolist()
+    wanted = st.query_params.get(param) or st.session_state.get(f"chosen_{param}")
+    if wanted not in ids:
+        live = runs[[status(r) == "running" for _, r in runs.iterrows()]]
+        wanted = live.iloc[0]["run_id"] if not live.empty else ids[0]
+    by_id = runs.set_index("run_id", drop=False)
+    chosen = st.sidebar.selectbox(
+        label, ids, index=ids.index(wanted), key=f"picker_{param}",
+        format_func=lambda rid: f"{rid} · {status(by_id.loc[rid])}")
+    st.session_state[f"chosen_{param}"] = chosen
+    if st.query_params.get(param) != chosen:
+        st.query_params[param] = chosen
+    return by_id.loc[chosen]
+
+
+def run_caption(run: pd.Series) -> None:
+    """One line under the page title: what this run is and whether it is still training."""
+    state = status(run)
+    steps = int(run["steps"]) if pd.notna(run["steps"]) else 0
+    text = (f"{STATUS_ICON.get(state, '')} **{run['run_id']}** · {state} · {steps} steps · "
+            f"objective `{run['objective']}` · pruner `{run['pruner']}` · budget `{run['budget']}` · "
+            f"model `{run['model']}` · data `{run['dataset']}`")
+    if state == "running":
+        text += f" · refreshing every {LIVE_EVERY}"
+    st.caption(text)
+
+
+def rerun_when_finished(run_id: str, live: bool) -> None:
+    """Inside a live fragment: redraw the whole page once the run stops running (which ends the timer)."""
+    if live:
+        runs = data.runs().set_index("run_id", drop=False)
+        if run_id in runs.index and status(runs.loc[run_id]) != "running":
+            st.rerun(scope="app")

@@ -1,0 +1,270 @@
+"""Rollout engine on vLLM (GPU only), behind the same interface as `HFEngine`, colocated with the trainer.
+
+vLLM is imported lazily, inside `VLLMEngine`: this module imports on a CPU machine, and constructing the engine
+without vLLM raises an ImportError that says to install the `gpu` extra (vLLM 0.33 is CUDA-only and pins
+torch 2.14.0 / transformers < 5.21, NOTES §2; docs/gpu.md, Dockerfile).
+
+What it does, against vLLM's offline `LLM` API:
+- `generate`: one request per prompt with `SamplingParams(n=k_p, seed=s_p, logprobs=K)`, so prompts get different
+  rollout counts (0 = no request). The request seeds come from the passed generator; vLLM gives a request's i-th
+  child the seed s_p + i, so a generator state gives the same rollouts on the same GPU and vLLM build.
+  Log-probs are vLLM's `raw_logprobs` (log-softmax of the raw logits, before temperature and logit bias), the
+  same convention as `HFEngine`: `behaviour_logprobs` are log π(y_t) of the model being trained, at any
+  temperature. Vision special tokens are never sampled (logit bias −100, like HF's `suppress_tokens`).
+- sketches: vLLM returns top-K log-probs, not hidden states, so the sketch is `logprob_sketch` (the vocabulary
+  side of the lm_head sketch, fastrl_core.algo.sketches) over the top-K ids plus the sampled token — the same
+  set top-K ∪ {y} the lm_head sketch uses. The trainer's `sketch=lm_head` therefore means `logprob` here.
+- `token_logprobs` (the old / reference / policy passes of the update) delegates to `HFEngine` on the same
+  policy: training-side passes run in PyTorch, as they must for gradients.
+- `sync_weights(model)` after each update: the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set
+  by default here) so `LLM.apply_model` hands the trainer's tensors straight to the vLLM model's `load_weights`
+  (HF parameter names; vLLM maps them), then the prefix cache is reset.
+- Memory: `gpu_memory_utilization` is vLLM's share of the GPU (weights + KV cache); the trainer needs the rest.
+  With `enable_sleep_mode`, the engine sleeps at level 2 after each `generate` (KV cache freed, weights dropped)
+  and `sync_weights` wakes the weights before loading them, as TRL's colocate mode does.
+
+Not run on this project's CPU machines (no vLLM there); the converter from vLLM's outputs to `Rollouts` is pure
+and tested on CPU with stand-in output objects (tests/test_vllm_engine.py); scripts/gpu_check.py exercises the
+engine on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fastrl_core.engines.hf import HFEngine, Rollouts
+
+INSTALL_HINT = (
+    "VLLMEngine needs vLLM 0.33, which is CUDA-only and not installed here. Install the GPU extra on a CUDA "
+    "machine (`pip install 'fastrl[gpu]'` with the pins in docs/gpu.md, or build the Dockerfile), or use the HF "
+    "engine (`engine=hf`) on CPU."
+)
+SUPPRESS_BIAS = -100.0  # vLLM clamps logit bias to [-100, 100]
+
+
+def import_vllm():
+    """The `vllm` module, or an ImportError saying how to get it."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(INSTALL_HINT) from error
+    return vllm
+
+
+def _position_entries(position: Any, token: int, top_k: int, where: str) -> tuple[float, list[tuple[int, float]]]:
+    """(log-prob of the sampled token, up to top_k + 1 (id, log-prob) pairs: the top-K by log-prob, plus the
+    sampled token when it is not among them) from one position's {token_id: Logprob} mapping."""
+    entries = {int(token_id): float(item.logprob) for token_id, item in position.items()}
+    if token not in entries:
+        raise ValueError(f"{where}: the sampled token {token} is missing from vLLM's log-probs {sorted(entries)}")
+    ranked = sorted(entries.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
+    if token not in dict(ranked):
+        ranked.append((token, entries[token]))
+    return entries[token], ranked
+
+
+def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *, pad_token_id: int,
+                          top_k: int = 0, projection=None) -> Rollouts:
+    """vLLM `RequestOutput`s (one per request, in request order) -> `Rollouts`, rows in request order and, within a
+    request, by `CompletionOutput.index`.
+
+    prompt_index[r]: the step's prompt index of request r. Reads from each completion only `index`, `token_ids`,
+    `text` and `logprobs` (a list over positions of {token_id: Logprob with `.logprob`}). completion_mask is True
+    over the returned tokens (vLLM keeps the EOS/stop token in `token_ids`, as HFEngine's mask includes EOS).
+    With a `projection` and top_k > 0, sketches = `logprob_sketch` over (N, T, top_k + 1) ids: each position's
+    top-K plus the sampled token when outside it (padding: id 0, log-prob −inf, weight 0).
+    """
+    if len(outputs) != len(prompt_index):
+        raise ValueError(f"rollouts_from_outputs: {len(outputs)} request outputs for {len(prompt_index)} prompts")
+    rows = []  # (prompt, token ids, text, logprobs, where)
+    for r, (request, prompt) in enumerate(zip(outputs, prompt_index)):
+        for completion in sorted(request.outputs, key=lambda c: c.index):
+            where = f"request {r} (prompt {prompt}), completion {completion.index}"
+            if completion.logprobs is None:
+                raise ValueError(f"{where}: no log-probs; sample with SamplingParams(logprobs=...)")
+            if len(completion.logprobs) != len(completion.token_ids):
+                raise ValueError(f"{where}: {len(completion.token_ids)} tokens but {len(completion.logprobs)} "
+                                 "log-prob positions")
+            rows.append((prompt, list(completion.token_ids), completion.text, completion.logprobs, where))
+    n = len(rows)
+    length = max((len(tokens) for _, tokens, _, _, _ in rows), default=0)
+    width = top_k + 1
+    completion_ids = torch.full((n, length), pad_token_id, dtype=torch.long)  # (N, T)
+    completion_mask = torch.zeros(n, length, dtype=torch.bool)  # (N, T)
+    behaviour = torch.zeros(n, length)  # (N, T)
+    topk_ids = torch.zeros(n, length, width, dtype=torch.long)  # (N, T, K + 1)
+    topk_logprobs = torch.full((n, length, width), -torch.inf)  # (N, T, K + 1)
+    want_sketch = projection is not None and top_k > 0
+    for i, (_, tokens, _, logprobs, where) in enumerate(rows):
+        completion_ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        completion_mask[i, : len(tokens)] = True
+        for t, (token, position) in enumerate(zip(tokens, logprobs)):
+            sampled, ranked = _position_entries(position, token, top_k, f"{where}, position {t}")
+            behaviour[i, t] = sampled
+            if want_sketch:
+                topk_ids[i, t, : len(ranked)] = torch.tensor([token_id for token_id, _ in ranked])
+                topk_logprobs[i, t, : len(ranked)] = torch.tensor([value for _, value in ranked])
+    sketches = None
+    if want_sketch:
+        from fastrl_core.algo.sketches import logprob_sketch
+
+        sketches = logprob_sketch(topk_ids, topk_logprobs, completion_ids, completion_mask, projection)
+    return Rollouts(
+        prompt_index=torch.tensor([prompt for prompt, *_ in rows], dtype=torch.long),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        completion_text=[text for _, _, text, _, _ in rows],
+        behaviour_logprobs=behaviour,
+        sketches=sketches,
+    )
+
+
+class VLLMEngine:
+    """Samples rollouts with a colocated vLLM `LLM`; re-scores them with the HF model (`HFEngine`)."""
+
+    def __init__(
+        self,
+        policy,
+        *,
+        template: str = "math",
+        max_new_tokens: int = 32,
+        temperature: float = 1.0,
+        sketch_projection=None,
+        sketch_top_k: int = 20,
+        model_path: str | None = None,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        **llm_kwargs,
+    ) -> None:
+        vllm = import_vllm()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use `greedy` for argmax decoding), got {temperature}")
+        self.policy = policy
+        self.template = template
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.sketch_projection = sketch_projection
+        self.sketch_top_k = sketch_top_k if sketch_projection is not None else 0
+        self.enable_sleep_mode = enable_sleep_mode
+        self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature)
+        self.eos_token_ids = self.scorer.eos_token_ids
+        self.pad_token_id = self.scorer.pad_token_id
+        self._logit_bias = {int(token): SUPPRESS_BIAS for token in policy.suppress_token_ids}
+        self._checkpoint = None
+        if model_path is None:  # vLLM loads from disk: write the policy (config, tokenizer, processor, weights) once
+            from fastrl_core.policy import save_policy
+
+            self._checkpoint = tempfile.TemporaryDirectory(prefix="fastrl-vllm-")
+            save_policy(policy, self._checkpoint.name)
+            model_path = self._checkpoint.name
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: apply_model shares tensors
+        self._sampling_params = vllm.SamplingParams
+        self.llm = vllm.LLM(
+            model=str(model_path),
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=enable_sleep_mode,
+            max_model_len=max_model_len,
+            max_logprobs=max(self.sketch_top_k, 20),
+            logprobs_mode="raw_logprobs",
+            limit_mm_per_prompt={"image": 1},
+            enforce_eager=enforce_eager,
+            seed=seed,
+            **llm_kwargs,
+        )
+        self._weights_asleep = self._cache_asleep = False
+        if self._checkpoint is None:
+            self.sync_weights(policy.model)  # start from the in-memory weights, whatever the checkpoint holds
+
+    # ---- prompts ------------------------------------------------------------------------------------------------
+    def _request(self, problem) -> dict:
+        """One vLLM prompt: chat-template text (one image placeholder, which vLLM's processor expands) + image."""
+        from fastrl_core.policy import load_image
+
+        request = {"prompt": self.policy.chat_prompt(problem, self.template)}
+        if problem.image_path is not None:
+            request["multi_modal_data"] = {"image": load_image(problem.image_path)}
+        return request
+
+    def _params(self, *, n: int, seed: int | None, greedy: bool = False):
+        return self._sampling_params(
+            n=n,
+            temperature=0.0 if greedy else self.temperature,
+            top_p=1.0,
+            max_tokens=self.max_new_tokens,
+            seed=seed,
+            logprobs=None if greedy else self.sketch_top_k,
+            stop_token_ids=list(self.eos_token_ids),
+            logit_bias=self._logit_bias or None,
+            skip_special_tokens=True,
+        )
+
+    # ---- sleep mode ---------------------------------------------------------------------------------------------
+    def _awake_for_generation(self) -> None:
+        if self._weights_asleep:
+            raise RuntimeError("VLLMEngine: sleep level 2 dropped the weights; call sync_weights(model) before "
+                               "generating")
+        if self._cache_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._cache_asleep = False
+
+    def _sleep_after_generation(self) -> None:
+        if self.enable_sleep_mode:
+            self.llm.sleep(level=2)  # frees the KV cache and drops the weights until the next sync
+            self._weights_asleep = self._cache_asleep = True
+
+    # ---- sampling -----------------------------------------------------------------------------------------------
+    def generate(self, problems: Sequence, rollouts_per_prompt: Sequence[int], *,
+                 generator: torch.Generator | None = None) -> Rollouts:
+        """Sample `rollouts_per_prompt[p]` completions of each problem p (counts may differ, 0 allowed)."""
+        if len(rollouts_per_prompt) != len(problems):
+            raise ValueError(f"rollouts_per_prompt has {len(rollouts_per_prompt)} entries for {len(problems)} problems")
+        counts = [int(c) for c in rollouts_per_prompt]
+        if any(c < 0 for c in counts):
+            raise ValueError(f"rollouts_per_prompt must be >= 0, got {counts}")
+        requested = [p for p, count in enumerate(counts) if count > 0]
+        seeds = torch.randint(0, 2**31 - 1, (len(requested),), generator=generator).tolist()
+        params = [self._params(n=counts[p], seed=seed) for p, seed in zip(requested, seeds)]
+        outputs = []
+        if requested:
+            self._awake_for_generation()
+            outputs = self.llm.generate([self._request(problems[p]) for p in requested], params, use_tqdm=False)
+            self._sleep_after_generation()
+        return rollouts_from_outputs(outputs, requested, pad_token_id=self.pad_token_id, top_k=self.sketch_top_k,
+                                     projection=self.sketch_projection)
+
+    def greedy(self, problems: Sequence, *, batch_size: int = 256) -> list[str]:
+        """Argmax-decoded completion text for each problem (`batch_size` prompts' images in memory at a time).
+        Does not sleep afterwards: evaluation runs between a weight sync and the next `generate`."""
+        texts: list[str] = []
+        self._awake_for_generation()
+        for start in range(0, len(problems), batch_size):
+            chunk = problems[start : start + batch_size]
+            outputs = self.llm.generate([self._request(p) for p in chunk], self._params(n=1, seed=None, greedy=True),
+                                        use_tqdm=False)
+            texts += [output.outputs[0].text for output in outputs]
+        return texts
+
+    # ---- training side ------------------------------------------------------------------------------------------
+    def token_logprobs(self, model, problems: Sequence, rollouts: Rollouts, index: Tensor) -> Tensor:
+        """log `model`(y_t | prompt, y_<t) for rollouts[index]: HFEngine's forward (see there)."""
+        return self.scorer.token_logprobs(model, problems, rollouts, index)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Copy `model`'s parameters into the vLLM model (after each optimiser step) and reset the prefix cache."""
+        if self._weights_asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._weights_asleep = False
+        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        self.llm.apply_model(lambda vllm_model: vllm_model.load_weights(weights))
+        self.llm.reset_prefix_cache()

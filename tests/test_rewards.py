@@ -6,6 +6,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fastrl_core.data.problems import Problem, load_problems
 from fastrl_core.rewards import (
@@ -246,3 +248,25 @@ def test_gold_scores_one_and_every_other_choice_scores_zero_on_all_real_problems
             checked += len(right) + len(wrong)
     assert checked > 4000
     assert failures == []
+
+
+# ---- properties ---------------------------------------------------------------------------------------------------
+
+plain_text = st.text(st.characters(blacklist_characters="{}<>\\", blacklist_categories=("Cs",)), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(thought=plain_text, answer=plain_text.filter(lambda a: a.strip()))
+def test_any_think_then_box_is_well_formatted_and_extracts_its_answer(thought, answer):
+    completion = f"<think>{thought}</think>\\boxed{{{answer}}}"
+    assert format_reward(completion) == 1.0
+    assert extract_answer(completion, "boxed") == answer.strip()
+    assert format_reward(completion + "x") == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=st.one_of(st.integers(-10**6, 10**6).map(str),
+                       st.decimals(-1000, 1000, places=2, allow_nan=False, allow_infinity=False).map(str)))
+def test_a_number_matches_itself_and_not_its_successor(value):
+    assert accuracy_reward(boxed(value), free(value)) == 1.0
+    assert accuracy_reward(boxed(f"{float(value) + 1:g}"), free(value)) == 0.0

@@ -6,7 +6,8 @@ Sources `load_problems` accepts (the schema is detected from the keys, NOTES §5
   with `split`, the folder `<source>/<split>/` is read when it exists);
 - a local `.jsonl` / `.parquet` file in one of the schemas below;
 - a hub dataset name (`hiyouga/geometry3k`, `leonardPKU/GEOQA_R1V_Train_8K`, `leonardPKU/GEOQA_8K_R1V`),
-  read with `datasets.load_dataset` (imported only then).
+  read with `datasets.load_dataset` (imported only then; `split` defaults to "train") and `load_hf_dataset`,
+  which also takes a `datasets.Dataset` already in memory.
 
 Schemas (keys of one row):
 
@@ -106,6 +107,9 @@ def load_problems(
     image_cache: Path | None = None,
 ) -> LoadedProblems:
     """Load problems from a folder, a local .jsonl/.parquet file or a hub dataset name (see the module docstring).
+
+    `split` picks the `<folder>/<split>/` subfolder when there is one (else the folder itself is read) or the hub
+    split; a local file is one split and ignores it.
 
     A bad row (missing key, missing answer, missing or unreadable image, duplicate id) raises ValueError naming the
     file and the row (index and id); with `skip_bad=True` it is skipped instead, logged as a warning, and listed in
@@ -241,11 +245,11 @@ def _required(row: dict, key: str) -> Any:
     return value
 
 
-def _text(row: dict, key: str) -> str:
+def _text(row: dict, key: str, *, strip: bool = True) -> str:
     value = _required(row, key)
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise BadRow(f"{key!r} must be text, got {type(value).__name__}")
-    return str(value).strip() if key != "question" else str(value)
+    return str(value).strip() if strip else str(value)
 
 
 def _choices(row: dict) -> tuple[str, ...] | None:
@@ -328,7 +332,7 @@ def _from_layout(row: dict, *, index: int, base: Path | None, cache: Path, kind:
         raise BadRow(f"answer_value {row['answer_value']!r} disagrees with answer {answer!r}")
     return Problem(
         id=problem_id,
-        question=_text(row, "question"),
+        question=_text(row, "question", strip=False),
         answer=answer,
         answer_value=answer_value,
         choices=choices,

@@ -13,6 +13,7 @@ from fastrl_core.data.problems import Problem, load_problems
 from fastrl_core.rewards import (
     MAX_ANSWER_CHARS,
     RewardParts,
+    _too_costly,
     accuracy_reward,
     extract_answer,
     format_reward,
@@ -175,6 +176,20 @@ def test_no_answer_or_a_pathological_one_scores_zero():
     assert accuracy_reward("<think>a</think> 60", MC) == 0.0
     assert accuracy_reward(boxed(""), free("60")) == 0.0
     assert accuracy_reward(boxed("1+" * MAX_ANSWER_CHARS + "1"), free("60")) == 0.0
+
+
+@pytest.mark.parametrize("given", ["9^{9^{9^{9}}}", "2^{2^{30}}", "(x+y+z)^{20}", "1000000!", "2^99"])
+def test_answers_that_would_make_sympy_crawl_score_zero_unparsed(given):
+    # each of these took 0.9 s to the 5 s timeout inside math-verify (and would hang off the main thread)
+    assert _too_costly(given)
+    assert accuracy_reward(boxed(given), free("60")) == 0.0
+
+
+def test_small_powers_and_factorials_are_still_graded():
+    assert not _too_costly("2^{10}") and not _too_costly("5!") and not _too_costly("12 cm^2")
+    assert accuracy_reward(boxed("2^{10}"), free("1024")) == 1.0
+    assert accuracy_reward(boxed("5!"), free("120")) == 1.0
+    assert accuracy_reward(boxed("2^{2^{3}}"), free("2^{2^{3}}")) == 1.0  # the gold's own string still matches
 
 
 def test_answer_tag_style_accuracy():

@@ -195,6 +195,8 @@ def test_unknown_schema_duplicate_ids_and_missing_sources(rows, tmp_path):
     row = dict(rows[0], image=str(SAMPLE / rows[0]["image"]))
     with pytest.raises(ValueError, match=r"row 1 .*duplicate id"):
         load_problems(_write_jsonl(tmp_path / "d.jsonl", [row, row]))
+    with pytest.raises(ValueError, match=r"row 0 \(id 'geometry3k_train_45'\): 'level' must be an integer"):
+        load_problems(_write_jsonl(tmp_path / "l.jsonl", [dict(row, level="hard")]))
     with pytest.raises(ValueError, match="no such file"):
         load_problems(tmp_path / "nothing.jsonl")
     with pytest.raises(ValueError, match="no problems.jsonl"):

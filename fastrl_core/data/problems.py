@@ -339,8 +339,15 @@ def _from_layout(row: dict, *, index: int, base: Path | None, cache: Path, kind:
         image_path=_image(_required(row, "image"), base=base, cache=cache),
         source=source,
         kind=str(row.get("kind") or kind or source.split("/")[0]),
-        level=int(row.get("level") or 0),
+        level=_level(row),
     )
+
+
+def _level(row: dict) -> int:
+    level = row.get("level") or 0
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise BadRow(f"'level' must be an integer, got {level!r}")
+    return level
 
 
 def _strip_image_tag(problem: str) -> str:

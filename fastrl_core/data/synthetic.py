@@ -8,16 +8,17 @@ Design (NOTES §2, measured on a ~0.6 M-param Qwen2.5-VL with 112x112 images):
 
 Kinds (answers: a number, or a letter for fixed-order choices; yes/no is multiple choice A. yes  B. no):
 
-| kind            | level 1                                  | level 2                                    |
-|-----------------|------------------------------------------|--------------------------------------------|
-| count_dots      | 1-4 dots, numeric                        | 1-6 dots, numeric                          |
-| polygon_sides   | triangle or quadrilateral, numeric       | 3-6 sides, numeric                         |
-| right_angle     | right triangle? largest angle 90 or 20-45 deg off | same, 8-15 deg off                |
-| longest_segment | red (top) vs blue (bottom), ratio >= 1.5 | red/blue/green bands, tilted, ratio >= 1.15 |
-| parallel        | two lines, 20-40 deg apart if not        | 6-12 deg apart if not                      |
+| kind            | question                                | level 1                      | level 2                      |
+|-----------------|-----------------------------------------|------------------------------|------------------------------|
+| count_dots      | How many dots are there?                | 1-4 dots                     | 1-6 dots                     |
+| polygon_sides   | How many sides does the polygon have?   | 3-4 sides                    | 3-6 sides                    |
+| right_angle     | Is this a right triangle? (yes/no)      | if not, 20-45 deg from 90    | if not, 8-15 deg from 90     |
+| longest_segment | Which segment is the longest? (colour)  | red top / blue bottom, >=1.5x| red/blue/green, tilted, >=1.15x |
+| parallel        | Are the two lines parallel? (yes/no)    | if not, 20-40 deg apart      | if not, 6-12 deg apart       |
 
-`DEFAULT_MIX` weights (kind, level) pairs; a split's problems are allocated to them in proportion (largest
-remainder), so every split has the same mix. Everything is deterministic by seed: each problem draws from its own
+`DEFAULT_MIX` weights (kind, level) pairs: count_dots L1 4, longest_segment L1 2, every other pair 1 (sum 14), so
+~29 % of problems are 1-4 dot counts (learnable, NOTES §2) and guessing uniformly scores ~37.5 %. A split's
+problems are allocated to the pairs in proportion (largest remainder), so every split has the same mix. Everything is deterministic by seed: each problem draws from its own
 `random.Random(f"{seed}/{split}/{index}/{attempt}")` and PNGs are written without metadata.
 """
 
@@ -40,7 +41,7 @@ from PIL import Image, ImageDraw
 from fastrl_core.algo.registry import Registry
 from fastrl_core.data.problems import LETTERS, with_choices
 
-GENERATOR_VERSION = 1  # bump when the drawings or the mix change: ensure_dataset's cache key includes it
+GENERATOR_VERSION = 1  # bump when the drawings change: ensure_dataset's cache key includes it (and the mix)
 BACKGROUND = (123, 117, 104)  # near the CLIP image mean
 INK = (25, 25, 25)
 COLOURS = {"red": (150, 20, 20), "blue": (20, 40, 160), "green": (20, 110, 30)}

@@ -18,8 +18,9 @@ Kinds (answers: a number, or a letter for fixed-order choices; yes/no is multipl
 
 `DEFAULT_MIX` weights (kind, level) pairs: count_dots L1 4, longest_segment L1 2, every other pair 1 (sum 14), so
 ~29 % of problems are 1-4 dot counts (learnable, NOTES §2) and guessing uniformly scores ~37.5 %. A split's
-problems are allocated to the pairs in proportion (largest remainder), so every split has the same mix. Everything is deterministic by seed: each problem draws from its own
-`random.Random(f"{seed}/{split}/{index}/{attempt}")` and PNGs are written without metadata.
+problems are allocated to the pairs in proportion (largest remainder), so every split has the same mix.
+Everything is deterministic by seed: each problem draws from its own `random.Random(f"{seed}/{split}/{index}/
+{attempt}")` and PNGs are written without metadata.
 """
 
 from __future__ import annotations

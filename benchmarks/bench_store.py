@@ -13,6 +13,7 @@ alternative reader design.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -133,9 +134,11 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work inflates timings)")
     with tempfile.TemporaryDirectory() as tmp:
         bench_write(Path(tmp) / "write")
         bench_read(Path(tmp) / "read", args.steps, args.rollouts, args.repeat)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def tiny_step(offset: float = 0.0) -> dict:
               {"prompt_id": "b", "reward_mean": 0.5, "reward_std": 0.0, "sampled": 2, "kept": 0}]
     step_row = {"rollouts_sampled": 5, "rollouts_kept": 3, "rollouts_per_prompt": 2.5, "reward_mean": 0.9 + offset,
                 "accuracy": 0.4, "loss": 0.25, "kl": None, "clip_fraction": 0.0, "zero_variance_groups": 1,
-                "time_generate": 0.28, "time_update": 0.43, "lr": 5e-4}
+                "time_generate": 0.28, "time_update": 0.43, "lr": 5e-4, "epoch_end": offset > 0}
     return {"step_row": step_row, "groups": groups, "rollouts": rollouts, "images": {REF_A: PNG_A, REF_B: PNG_B}}
 
 
@@ -80,6 +80,7 @@ def test_round_trip_of_every_table(tmp_path):
     assert (row["rollouts_sampled"], row["rollouts_kept"], row["zero_variance_groups"]) == (5, 3, 1)
     assert row["reward_mean"] == pytest.approx(1.0) and row["lr"] == 5e-4 and row["time_update"] == 0.43
     assert pd.isna(row["kl"]) and pd.isna(row["time_sketch"]) and row["wall_time"] >= steps.iloc[0]["wall_time"] >= 0
+    assert steps["epoch_end"].tolist() == [False, True]  # an extra bool key is a BOOLEAN column
 
     groups = store.read_groups(tmp_path, run_id, step=1)
     assert groups[["prompt_id", "sampled", "kept"]].values.tolist() == [["a", 3, 3], ["b", 2, 0]]
@@ -175,7 +176,8 @@ CASES = [  # (table, row, key, edit, message)
     ("steps", 0, "accuracy", "0.5", "key 'accuracy' must be a number"),
     ("steps", 0, "zero_variance_groups", 1.0, "key 'zero_variance_groups' must be an int"),
     ("steps", 0, "reward_mean", None, "key 'reward_mean' must not be None"),
-    ("steps", 0, "grad_norm", "big", "extra key 'grad_norm' must be a number"),
+    ("steps", 0, "grad_norm", "big", "extra key 'grad_norm' must be a number, a bool or None"),
+    ("steps", 0, "rollouts_per_prompt", "drop", "missing key 'rollouts_per_prompt'"),
     ("groups", 1, "reward_std", "drop", "missing key 'reward_std'"),
     ("groups", 1, "prompt_id", 7, "key 'prompt_id' must be a str"),
     ("groups", 0, "sampled", True, "key 'sampled' must be an int"),
@@ -207,15 +209,21 @@ def test_bad_row_names_table_row_key_and_writes_nothing(tmp_path, table, row, ke
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda s: s["step_row"].update(rollouts_sampled=6), "rollouts_sampled=6 but 5 rollouts given"),
-    (lambda s: s["step_row"].update(rollouts_kept=2), "rollouts_kept=2 but 3 rollouts are kept"),
-    (lambda s: s["groups"][0].update(kept=2), "groups row 0: prompt 'a' has sampled=3, kept=2 but the rollouts"),
-    (lambda s: s["groups"].pop(), "rollouts: prompt_id 'b' has no groups row"),
+    (lambda s: s["step_row"].update(rollouts_sampled=6), "rollouts_sampled=6 but the groups sum to 5"),
+    (lambda s: s["step_row"].update(rollouts_kept=2), "rollouts_kept=2 but the groups sum to 3"),
+    (lambda s: (s["groups"][1].update(sampled=3), s["step_row"].update(rollouts_sampled=6)),
+     "rollouts_sampled=6 but 5 rollouts given"),
+    (lambda s: s["rollouts"][0].update(image_ref=""), "rollouts row 0: key 'image_ref' '' is not an image key"),
+    (lambda s: (s["groups"][0].update(kept=2), s["step_row"].update(rollouts_kept=2)),
+     "groups row 0: prompt 'a' has sampled=3, kept=2 but the rollouts"),
+    (lambda s: s["groups"][1].update(prompt_id="c"), "groups row 1: prompt 'c' has sampled=2, kept=0 but the rollouts"),
+    (lambda s: s["groups"].append(dict(s["groups"][1])), "groups: prompt_id values must be unique"),
     (lambda s: s["rollouts"][1].update(rollout_id="r0"), "rollout_id values must be unique"),
     (lambda s: s["images"].pop(REF_B), f"rollouts row 3: key 'image_ref' '{REF_B}' is neither in images"),
     (lambda s: s["images"].update({REF_A: PNG_B}), "is not image_key"),
     (lambda s: s["images"].update({REF_A: b"GIF89a"}), "expected PNG bytes"),
-    (lambda s: s["step_row"].update(step=3), "key 'step' is filled in by the writer"),
+    (lambda s: s["step_row"].update(step=3), "steps row 0: key 'step' is 0 here"),
+    (lambda s: s["step_row"].update(run_id="other"), "steps row 0: key 'run_id' is 'run-"),
 ])
 def test_inconsistent_step_is_rejected_before_writing(tmp_path, edit, message):
     writer = new_writer(tmp_path)
@@ -225,6 +233,21 @@ def test_inconsistent_step_is_rejected_before_writing(tmp_path, edit, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         writer.write_step(0, **step)
     assert tree(tmp_path) == before
+
+
+def test_step_key_echo_optional_losses_and_unlogged_rollouts(tmp_path):
+    """What a trainer sends: its own `step` in the row, no loss when no update ran, rollouts not logged."""
+    writer = new_writer(tmp_path)
+    step = tiny_step()
+    step["step_row"].update(step=0, run_id=writer.run_id)
+    del step["step_row"]["loss"], step["step_row"]["kl"], step["step_row"]["clip_fraction"]
+    step["rollouts"] = []
+    writer.write_step(0, **step)
+    row = store.read_steps(tmp_path, writer.run_id).iloc[0]
+    assert row["step"] == 0 and row["rollouts_sampled"] == 5 and pd.isna(row["loss"]) and pd.isna(row["kl"])
+    assert store.read_rollouts(tmp_path, writer.run_id).empty
+    assert store.read_groups(tmp_path, writer.run_id)["sampled"].tolist() == [3, 2]
+    assert store.read_sketches(tmp_path, writer.run_id)[1].shape == (0, 0)
 
 
 def test_sketch_length_is_fixed_per_run_and_sketches_may_be_absent(tmp_path):
@@ -417,6 +440,21 @@ def test_resume_keeps_steps_and_a_rewritten_step_replaces_the_old(tmp_path):
     assert store.read_rollouts(tmp_path, writer.run_id)["step"].value_counts().to_dict() == {0: 5, 1: 5, 2: 5, 3: 5}
     with pytest.raises(ValueError, match="no run 'missing'"):
         store.RunWriter.resume(tmp_path, "missing")
+
+
+def test_resume_from_step_drops_later_steps_evals_and_partial_files(tmp_path):
+    writer = new_writer(tmp_path)
+    for step in range(4):
+        writer.write_step(step, **tiny_step())
+        writer.write_eval(step, "test", 0.1 * step, 8)
+    layout.step_file(tmp_path, writer.run_id, "steps", 3).unlink()  # killed mid-step 3: rollouts/groups remain
+    resumed = store.RunWriter.resume(tmp_path, writer.run_id, from_step=2)  # last checkpoint: after step 1
+    assert store.read_steps(tmp_path, writer.run_id)["step"].tolist() == [0, 1]
+    assert store.read_evals(tmp_path, writer.run_id)["step"].tolist() == [0, 1]
+    run_dir = layout.run_dir(tmp_path, writer.run_id)
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_000000.parquet", "step_000001.parquet"]
+    resumed.write_step(2, **tiny_step(offset=1.0))
+    assert store.read_steps(tmp_path, writer.run_id)["reward_mean"].tolist() == pytest.approx([0.9, 0.9, 1.9])
 
 
 def test_synthetic_steps_are_valid_for_many_shapes(tmp_path):

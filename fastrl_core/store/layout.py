@@ -117,6 +117,11 @@ def eval_files(store_dir: Path, run_id: str) -> list[str]:
     return sorted(str(directory / name) for name in os.listdir(directory) if _EVAL_FILE.fullmatch(name))
 
 
+def eval_step(path: str | Path) -> int:
+    """The step of an eval file."""
+    return int(_EVAL_FILE.fullmatch(Path(path).name).group(1))
+
+
 def read_run_json(store_dir: Path, run_id: str) -> dict:
     path = run_dir(store_dir, run_id) / "run.json"
     try:

@@ -57,9 +57,9 @@ STEPS = [
     _c("rollouts_per_prompt", FLOAT),  # mean over the step's prompts
     _c("reward_mean", FLOAT),
     _c("accuracy", FLOAT),
-    _c("loss", FLOAT, nullable=True),
-    _c("kl", FLOAT, nullable=True),
-    _c("clip_fraction", FLOAT, nullable=True),
+    _c("loss", FLOAT, nullable=True, required=False),  # absent when no update ran; kl/clip absent per objective
+    _c("kl", FLOAT, nullable=True, required=False),
+    _c("clip_fraction", FLOAT, nullable=True, required=False),
     _c("zero_variance_groups", INT),
     *[_c(f"time_{phase}", FLOAT, nullable=True, required=False) for phase in PHASES],
 ]
@@ -98,10 +98,15 @@ EVALS = [_c("split", STR), _c("accuracy", FLOAT), _c("n", INT)]
 PROJ = [_c("rollout_id", STR), _c("proj_x", FLOAT), _c("proj_y", FLOAT)]
 
 
-def arrow_schema(key: list[Column], columns: list[Column], extra: list[str] = ()) -> pa.Schema:
-    """The Arrow schema of a table file: key columns, declared columns, then extra float columns."""
+def arrow_schema(key: list[Column], columns: list[Column], extra: dict[str, pa.DataType] | None = None) -> pa.Schema:
+    """The Arrow schema of a table file: key columns, declared columns, then extra columns (nullable)."""
     fields = [pa.field(c.name, c.type, nullable=c.nullable) for c in key + columns]
-    return pa.schema(fields + [pa.field(name, FLOAT, nullable=True) for name in extra])
+    return pa.schema(fields + [pa.field(name, type_, nullable=True) for name, type_ in (extra or {}).items()])
+
+
+def extra_type(values: list) -> pa.DataType:
+    """Column type of an extra key: BOOLEAN when every value is a bool (or None), else DOUBLE."""
+    return BOOL if all(v is None or isinstance(v, (bool, np.bool_)) for v in values) else FLOAT
 
 
 def _is_int(v: object) -> bool:
@@ -135,7 +140,7 @@ def validate_rows(table: str, rows: list[dict], columns: list[Column], *, extra_
 
     Sketches come back as one (n, D) float32 array, or None when no row has one (all rows must agree, and
     every sketch of the table must have the same D). With `extra_numeric`, unknown keys are accepted as
-    float columns (None allowed); otherwise an unknown key is an error.
+    extra columns of numbers or of bools (None allowed); otherwise an unknown key is an error.
     """
     if not isinstance(rows, (list, tuple)):
         raise ValueError(f"{table}: expected a list of dicts, got {type(rows).__name__}")
@@ -154,9 +159,9 @@ def validate_rows(table: str, rows: list[dict], columns: list[Column], *, extra_
                     raise ValueError(f"{table} row {i}: unknown key {key!r} (expected {sorted(declared)})")
                 if not isinstance(key, str) or not key.isidentifier():
                     raise ValueError(f"{table} row {i}: extra key {key!r} must be an identifier")
-                if value is not None and not _is_float(value):
-                    raise ValueError(f"{table} row {i}: extra key {key!r} must be a number or None, "
-                                     f"got {type(value).__name__} {value!r}")
+                if value is not None and not (_is_float(value) or isinstance(value, (bool, np.bool_))):
+                    raise ValueError(f"{table} row {i}: extra key {key!r} must be a number, a bool or None, "
+                                     f"got {type(value).__name__} {value!r:.60}")
                 if key not in extra:
                     extra.append(key)
                 continue
@@ -196,7 +201,8 @@ def _sketch_matrix(table: str, sketches: list, key: str) -> np.ndarray | None:
 
 def to_arrow(key_values: dict, values: dict, key: list[Column], columns: list[Column], n: int) -> pa.Table:
     """Build a table file's Arrow table from validated `values` (see validate_rows) and constant key values."""
-    extra = [name for name in values if name not in {c.name for c in columns}]
+    declared = {c.name for c in columns}
+    extra = {name: extra_type(column) for name, column in values.items() if name not in declared}
     schema = arrow_schema(key, columns, extra)
     arrays = []
     for field in schema:

@@ -93,15 +93,18 @@ class RunWriter:
         raise RuntimeError(f"could not find a free run id for {base!r}")
 
     @classmethod
-    def resume(cls, store_dir: str | Path, run_id: str) -> "RunWriter":
+    def resume(cls, store_dir: str | Path, run_id: str, *, from_step: int | None = None) -> "RunWriter":
         """Reopen a run: its steps are kept, its status goes back to "running", and wall_time continues from the
-        last written step. Re-writing an existing step replaces it (see write_step)."""
+        last kept step. Re-writing an existing step replaces it (see write_step). `from_step`: drop steps (and
+        evals) >= it first, e.g. those a crashed trainer wrote after its last checkpoint."""
         self = cls.__new__(cls)
         self.store_dir = Path(store_dir).resolve()
         self.run_id = run_id
         self._run_dir = layout.run_dir(self.store_dir, run_id)
         self.meta = layout.read_run_json(self.store_dir, run_id)
         layout.remove_temp_files(self._run_dir)
+        if from_step is not None:
+            self._drop_steps(from_step)
         self.meta.update(status="running", finished=None)
         layout.write_json(self.meta, self._run_dir / "run.json")
         layout.init_store(self.store_dir)
@@ -113,14 +116,29 @@ class RunWriter:
         self._clock_origin = time.time() - elapsed
         return self
 
+    def _drop_steps(self, from_step: int) -> None:
+        for step in layout.step_numbers(self.store_dir, self.run_id, "steps"):
+            if step >= from_step:  # the steps file first: the step disappears whole
+                for table in layout.STEP_TABLES:
+                    layout.step_file(self.store_dir, self.run_id, table, step).unlink(missing_ok=True)
+        for table in ("rollouts", "groups", "proj"):  # leftovers of a step killed before its steps file
+            for step in layout.step_numbers(self.store_dir, self.run_id, table):
+                if step >= from_step:
+                    layout.step_file(self.store_dir, self.run_id, table, step).unlink()
+        for path in layout.eval_files(self.store_dir, self.run_id):
+            if layout.eval_step(path) >= from_step:
+                Path(path).unlink()
+
     def write_step(self, step: int, *, step_row: dict, groups: list[dict], rollouts: list[dict],
                    images: dict[str, bytes]) -> None:
         """Write one training step as one all-or-nothing unit.
 
         images: {image_key(png): png bytes}, written once per key. Then the rollouts, the groups, and last the
         steps row: readers only consider steps whose steps file exists. Checks before writing anything:
-        every row against its schema, len(rollouts) == rollouts_sampled, sum(kept) == rollouts_kept, one group
-        per prompt with sampled/kept matching the rollouts, image refs present, one sketch length per run.
+        every row against its schema; rollouts_sampled / rollouts_kept equal the groups' sums; each group's
+        sampled / kept equal its rollouts; unique ids; image refs present; one sketch length per run. An empty
+        `rollouts` list means rollouts are not logged: only the groups are checked then. `step_row` may
+        repeat the step (it must match); wall_time defaults to seconds since the run started.
         Re-writing a step first hides the old one (removes its steps file), then writes the new one.
         """
         if not schema._is_int(step) or step < 0:
@@ -129,9 +147,10 @@ class RunWriter:
         self._check_images(images)
         if not isinstance(step_row, dict):
             raise ValueError(f"steps row 0: expected a dict, got {type(step_row).__name__}")
-        for key in ("run_id", "step"):
-            if key in step_row:
-                raise ValueError(f"steps row 0: key {key!r} is filled in by the writer; leave it out")
+        step_row = dict(step_row)
+        for key, value in (("run_id", self.run_id), ("step", step)):
+            if key in step_row and step_row.pop(key) != value:
+                raise ValueError(f"steps row 0: key {key!r} is {value!r} here (the writer fills it in)")
         step_values = schema.validate_rows("steps", [step_row], schema.STEPS, extra_numeric=True)
         group_values = schema.validate_rows("groups", groups, schema.GROUPS)
         rollout_values = schema.validate_rows("rollouts", rollouts, schema.ROLLOUTS)
@@ -168,12 +187,16 @@ class RunWriter:
                 raise ValueError(f"images[{ref!r}]: key is not image_key(png) = {image_key(png)!r}")
 
     def _check_consistency(self, step_row: dict, groups: dict, rollouts: dict, images: dict) -> None:
+        if len(set(groups["prompt_id"])) != len(groups["prompt_id"]):
+            raise ValueError("groups: prompt_id values must be unique within a step")
+        for key, total in (("rollouts_sampled", sum(groups["sampled"])), ("rollouts_kept", sum(groups["kept"]))):
+            if step_row[key] != total:
+                raise ValueError(f"steps row 0: {key}={step_row[key]} but the groups sum to {total}")
         n = len(rollouts["rollout_id"])
+        if n == 0:  # rollouts not logged
+            return
         if step_row["rollouts_sampled"] != n:
             raise ValueError(f"steps row 0: rollouts_sampled={step_row['rollouts_sampled']} but {n} rollouts given")
-        kept = sum(bool(k) for k in rollouts["kept"])
-        if step_row["rollouts_kept"] != kept:
-            raise ValueError(f"steps row 0: rollouts_kept={step_row['rollouts_kept']} but {kept} rollouts are kept")
         if len(set(rollouts["rollout_id"])) != n:
             raise ValueError("rollouts: rollout_id values must be unique within a step")
         per_prompt: dict[str, list[int]] = {}
@@ -181,16 +204,17 @@ class RunWriter:
             counts = per_prompt.setdefault(prompt_id, [0, 0])
             counts[0] += 1
             counts[1] += bool(is_kept)
-        if len(set(groups["prompt_id"])) != len(groups["prompt_id"]):
-            raise ValueError("groups: prompt_id values must be unique within a step")
         for i, (prompt_id, sampled, kept) in enumerate(zip(groups["prompt_id"], groups["sampled"], groups["kept"])):
-            if per_prompt.pop(prompt_id, [0, 0]) != [sampled, kept]:
+            if per_prompt.get(prompt_id, [0, 0]) != [sampled, kept]:  # with the sums above: no prompt left out
                 raise ValueError(f"groups row {i}: prompt {prompt_id!r} has sampled={sampled}, kept={kept} but the "
                                  "rollouts disagree")
-        if per_prompt:
-            raise ValueError(f"rollouts: prompt_id {next(iter(per_prompt))!r} has no groups row")
         for i, ref in enumerate(rollouts["image_ref"]):
-            if ref is not None and ref not in images and not layout.image_file(self.store_dir, ref).exists():
+            if ref is None or ref in images:
+                continue
+            if not layout.IMAGE_REF.fullmatch(ref):
+                raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is not an image key (image_key(png), "
+                                 "or None for a prompt without an image)")
+            if not layout.image_file(self.store_dir, ref).exists():
                 raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is neither in images nor in the store")
 
     def _check_sketch_dim(self, sketches: np.ndarray | None) -> int | None:

@@ -5,8 +5,9 @@ page request. `SketchMap.project` answers at once: PCA coordinates until the bac
 key is ready, then the fitted UMAP coordinates; rollouts that arrive later (a live run) are placed with
 `UMAP.transform`, also in the background, and are reported as pending until then.
 
-The fits run in one spawned worker process at low priority (a thread alone would hold the GIL while numba
-compiles, stalling the app's pages for seconds); a thread per key only waits on it and files the results.
+The fits run in one spawned, daemonic worker process at low priority (a thread alone would hold the GIL while
+numba compiles, stalling the app's pages for seconds); a thread per key only waits on it and files the results.
+The worker dies with the app.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -72,6 +72,21 @@ def _worker_transform(key: Hashable, x: np.ndarray) -> tuple[np.ndarray, np.ndar
     return np.arange(len(x)), _MODELS[key].transform(x)
 
 
+def _serve(connection, niceness: int) -> None:
+    """The worker's loop: receive (function name, args), send ("ok", result) or ("error", message)."""
+    _worker_init(niceness)
+    jobs = {"fit": _worker_fit, "transform": _worker_transform}
+    while True:
+        try:
+            name, args = connection.recv()
+        except EOFError:
+            return
+        try:
+            connection.send(("ok", jobs[name](*args)))
+        except Exception as error:  # noqa: BLE001 - sent back and shown in the page caption
+            connection.send(("error", f"{type(error).__name__}: {error}"))
+
+
 @dataclass
 class Projection:
     xy: np.ndarray  # (n, 2); NaN rows are rollouts not yet placed on the UMAP map
@@ -104,20 +119,39 @@ class SketchMap:
         self.niceness = niceness
         self._lock = threading.Lock()
         self._states: dict[Hashable, _MapState] = {}
-        self._pool: ProcessPoolExecutor | None = None
+        self._call_lock = threading.Lock()  # one job at a time in the worker
+        self._process = None
+        self._connection = None
 
-    def _worker(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_worker_init, initargs=(self.niceness,))
-        return self._pool
+    def _call(self, name: str, *args):
+        """Run `name` in the worker process and wait for it (waiting releases the GIL)."""
+        with self._call_lock:
+            if self._process is None or not self._process.is_alive():
+                context = multiprocessing.get_context("spawn")
+                self._connection, child = context.Pipe()
+                self._process = context.Process(target=_serve, args=(child, self.niceness), daemon=True,
+                                                name="fastrl-umap-worker")
+                self._process.start()
+                child.close()
+            try:
+                self._connection.send((name, args))
+                status, result = self._connection.recv()
+            except (EOFError, OSError):
+                raise RuntimeError("the UMAP worker process died") from None
+        if status == "error":
+            raise RuntimeError(result)
+        return result
 
     def close(self) -> None:
-        """Stop the worker process (a new one starts on the next request)."""
+        """Stop the worker process (a new one starts on the next request; fitted maps are forgotten)."""
+        process = self._process
+        if process is not None:
+            process.terminate()  # a waiting _call gets EOFError and lets go of the call lock
+            process.join(5)
+        with self._call_lock:
+            self._process = None
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            self._states.clear()
 
     def project(self, key: Hashable, ids: Sequence[Hashable], sketches: np.ndarray) -> Projection:
         """Coordinates for `sketches` (n, D) with row ids `ids`; never blocks on UMAP."""
@@ -143,8 +177,8 @@ class SketchMap:
         n_placed = sum(p is not None for p in placed)
         if n_placed == 0:
             what = "fitting" if not state.fitted else "placing these rollouts on"
-            return Projection(pca_2d(sketches), "pca", len(ids),
-                              f"PCA for now: UMAP is {what} its map in the background; the page updates when it is done.")
+            return Projection(pca_2d(sketches), "pca", len(ids), f"PCA for now: UMAP is {what} its map in the "
+                              "background; the page updates when it is done.")
         xy = np.array([p if p is not None else (np.nan, np.nan) for p in placed], dtype=np.float64)
         pending = len(ids) - n_placed
         note = "UMAP of the gradient sketches (fitted in the background; newer rollouts placed with transform)."
@@ -170,14 +204,11 @@ class SketchMap:
                 x = np.concatenate([batch for _, batch in state.queue])
                 state.queue.clear()
                 state.fitting = not state.fitted
-                pool = self._worker()
             try:
                 if not state.fitted:
-                    job = pool.submit(_worker_fit, key, x, self.fit_limit, self.seed, self.n_neighbors,
-                                      self.min_dist)
+                    rows, xy = self._call("fit", key, x, self.fit_limit, self.seed, self.n_neighbors, self.min_dist)
                 else:
-                    job = pool.submit(_worker_transform, key, x)
-                rows, xy = job.result()
+                    rows, xy = self._call("transform", key, x)
             except Exception as error:  # noqa: BLE001 - reported in the page caption, PCA stays up
                 with self._lock:
                     state.error, state.fitting = f"{type(error).__name__}: {error}", False

@@ -270,10 +270,10 @@ def fastrl_official(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min
             cutoff = torch.sort(round_key.reshape(-1)).values[need - 1]
             keep = keep | groups.unpad(round_key <= cutoff)
     reasons = torch.full((n,), int(Reason.REDUNDANT), dtype=torch.long)
-    return _fill(groups, keep, (1.0 - similarity).float(), reasons)
+    return _flat_result(keep, (1.0 - similarity).float(), reasons)
 
 
-def _fill(groups: Groups, keep: Tensor, scores: Tensor, reasons: Tensor) -> PruneResult:
+def _flat_result(keep: Tensor, scores: Tensor, reasons: Tensor) -> PruneResult:
     """A PruneResult from per-rollout (N,) decisions."""
     reasons = torch.where(keep, int(Reason.KEPT), reasons)
     return PruneResult(keep, scores, reasons, keep.float())
@@ -396,13 +396,14 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     K = I: sign-balanced top-|A|. Kept: m = max(keep count, number of signs present) without min_gain; at least
     min(min_keep, n') with it; 0 only when all advantages are zero.
 
-    What was tried (`benchmarks/bench_prune.py`, synthetic mode mixture with perfect sketches, keep_ratio 0.5;
-    mean cosine of the kept update to the full group's update): weights 1 — random sign-balanced 0.68, top-|A|
-    sign-balanced 0.75, this DPP 0.76 (0.67 without sign balance), cppo 0.65, pods 0.78; with sign-mass weights —
-    random 0.81, top-|A| 0.88, DPP alpha 0 (diversity only) 0.85, alpha 0.5 / 1 / 2 0.89, alpha 1 without sign
-    balance 0.89; HT reweighting 0.76 (unbiased but noisy); min_gain −3 keeps 29% instead of 49% at 0.72. So the
-    zero-sum correction matters most, |A| next, sketch diversity adds ~0.01 here; alpha = 1 (the gradient Gram
-    matrix) was kept as the principled choice among equals. Real sketches may reward diversity more or less.
+    What was tried (`benchmarks/bench_prune.py`: synthetic mode mixture with perfect sketches, keep_ratio 0.5, 512
+    groups × 16, 3 seeds; mean cosine of the kept update to the full group's update): with weights 1 — random
+    sign-balanced 0.69, top-|A| sign-balanced 0.77, this DPP 0.77 (0.68 without sign balance), cppo 0.66, pods
+    0.78; with sign-mass weights — random 0.82, top-|A| 0.89, DPP alpha 0 (diversity only) 0.84, alpha 0.5 / 1 / 2
+    0.90, alpha 1 without sign balance 0.90; HT reweighting 0.79 (unbiased but noisy); min_gain −3 keeps 29%
+    instead of 50% at 0.75. So restoring the zero sum matters most, |A| next, and sketch diversity adds ~0.01 on
+    top here; alpha = 1 (L = the Gram matrix of |A|-scaled unit sketches) was kept as the principled choice among
+    equals. Real sketches may reward diversity more or less: the bench is a stand-in, not evidence about a model.
     """
     if alpha < 0 or zero_atol < 0 or not 0 < sampled_fraction <= 1:
         raise ValueError(f"fastrl: need alpha >= 0, zero_atol >= 0, 0 < sampled_fraction <= 1; got alpha={alpha}, "
@@ -513,7 +514,8 @@ def _check_batch(batch: GroupBatch) -> int:
 
 def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: int = 2,
           generator: torch.Generator | None = None, **options) -> PruneResult:
-    """Run pruner `name` (see `PRUNERS`) on `batch`; `options` are that pruner's own keyword arguments."""
+    """Run pruner `name` (see `PRUNERS`) on `batch`; `options` are that pruner's own keyword arguments.
+    Decisions are computed and returned on the CPU (a CPU mask can index tensors on any device)."""
     pruner = PRUNERS.get(name)
     if not 0 < keep_ratio <= 1:
         raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio}")
@@ -523,7 +525,12 @@ def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: in
     if n == 0:
         empty = torch.zeros(0)
         return PruneResult(empty.bool(), empty, empty.long(), empty)
-    groups = group_layout(batch.group_ids.cpu(), generator)
+    tensors = [batch.group_ids, batch.rewards, batch.advantages, batch.sketches, *(batch.token_ids or ())[:1]]
+    if any(t is not None and t.device.type != "cpu" for t in tensors):
+        batch = GroupBatch(batch.group_ids.cpu(), batch.rewards.cpu(), batch.advantages.cpu(),
+                           None if batch.sketches is None else batch.sketches.cpu(),
+                           None if batch.token_ids is None else tuple(t.cpu() for t in batch.token_ids))
+    groups = group_layout(batch.group_ids, generator)
     try:
         return pruner(batch, groups, keep_ratio=keep_ratio, min_keep=min_keep, generator=generator, **options)
     except TypeError as error:

@@ -108,7 +108,9 @@ def _varied_reward(completions, **kwargs):
     return [float(len(text) % 3) for text in completions]
 
 
-def test_pruned_rollouts_leave_the_loss_and_the_reference_pass_and_are_recorded(tmp_path):
+def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(tmp_path):
+    """num_iterations=2 makes TRL compute old log-probs too: both the old and the reference pass must run after
+    pruning, on the kept rows only, and give what the models give for those rows."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -122,29 +124,31 @@ def test_pruned_rollouts_leave_the_loss_and_the_reference_pass_and_are_recorded(
         """Records what reaches the loss and every real no-grad (old/ref) log-prob pass."""
 
         loss_batches: list[dict] = []
-        scoring_rows: list[int] = []
+        scoring_rows: list[tuple[str, int]] = []
 
         def _compute_loss(self, model, inputs):
-            with torch.no_grad():  # what TRL's reference pass would give for these rows, computed afresh
-                ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-                mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-                fresh, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-                    self, self.ref_model, ids, mask, inputs["completion_ids"].shape[1])
-            self.loss_batches.append({k: inputs[k] for k in ("completion_ids", "completion_mask",
-                                                            "ref_per_token_logps", "num_items_in_batch")}
-                                     | {"fresh_ref": fresh})
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            width = inputs["completion_ids"].shape[1]
+            with torch.no_grad():  # what TRL's own passes would give for these rows, computed afresh
+                ref, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(self, self.ref_model, ids, mask, width)
+                policy, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(self, self.model, ids, mask, width)
+            self.loss_batches.append({key: inputs[key] for key in ("completion_ids", "completion_mask",
+                                                                  "ref_per_token_logps", "old_per_token_logps",
+                                                                  "num_items_in_batch")}
+                                     | {"fresh_ref": ref, "fresh_policy": policy})
             return super()._compute_loss(model, inputs)
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
-            if not torch.is_grad_enabled() and not self._deferring and model is self.ref_model:
-                self.scoring_rows.append(input_ids.shape[0])
+            if not torch.is_grad_enabled() and not self._deferring:
+                self.scoring_rows.append(("ref" if model is self.ref_model else "old", input_ids.shape[0]))
             return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 
     dataset = Dataset.from_dict({"prompt": [f"count {i} dots" for i in range(12)], "id": [f"p{i}" for i in range(12)],
                                  "answer": [str(i % 5) for i in range(12)]})
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=6, max_steps=3, beta=0.04, learning_rate=1e-3, seed=0, use_cpu=True,
-                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+                      max_completion_length=6, max_steps=4, num_iterations=2, beta=0.04, learning_rate=1e-3, seed=0,
+                      use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
     trainer = Recording(model=str(model_dir), reward_funcs=[_varied_reward], args=args, train_dataset=dataset,
                         processing_class=tokenizer, pruner="fastrl", keep_ratio=0.5, min_keep=2,
                         store_dir=str(tmp_path / "store"), run_name="trl-test")
@@ -153,20 +157,23 @@ def test_pruned_rollouts_leave_the_loss_and_the_reference_pass_and_are_recorded(
     (run_id,) = list_runs(tmp_path / "store")
     steps = read_steps(tmp_path / "store", run_id)
     rollouts = read_rollouts(tmp_path / "store", run_id)
-    assert steps["step"].tolist() == [0, 1, 2] and len(Recording.loss_batches) == 3
+    assert steps["step"].tolist() == [0, 1] and len(Recording.loss_batches) == 4  # 2 generations, each used twice
     assert set(rollouts["kept"]) == {True, False}  # both kept and pruned rows are in the store
     assert (rollouts.loc[~rollouts["kept"], "reason"] != "KEPT").all()
     assert set(rollouts["prompt_id"]) <= {f"p{i}" for i in range(12)}
-    for step, batch in enumerate(Recording.loss_batches):
-        recorded = rollouts[rollouts["step"] == step]
+    for call, batch in enumerate(Recording.loss_batches):
+        generation = call // 2
+        recorded = rollouts[rollouts["step"] == generation]
         kept = recorded[recorded["kept"]]
-        assert len(recorded) == 8 and len(kept) == int(steps.loc[step, "rollouts_kept"])
+        assert len(recorded) == 8 and len(kept) == int(steps.loc[generation, "rollouts_kept"])
         assert len(kept) < len(recorded)  # fastrl keeps at most ceil(0.5 * 4) = 2 of each group of 4
         # exactly the kept rollouts reach the loss: same count and the same completions
         texts = tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True)
         assert Counter(texts) == Counter(kept["completion"])
         assert int(batch["num_items_in_batch"]) == int(batch["completion_mask"].sum())
-        # the reference pass ran after pruning, on the kept rows only, and its log-probs are the right ones
-        assert Recording.scoring_rows[step] == len(kept)
+        # the old and reference passes ran after pruning, on the kept rows only, with the right log-probs
+        assert Recording.scoring_rows[2 * generation: 2 * generation + 2] == [("old", len(kept)), ("ref", len(kept))]
         mask = batch["completion_mask"].bool()
         torch.testing.assert_close(batch["ref_per_token_logps"][mask], batch["fresh_ref"][mask])
+        if call % 2 == 0:  # before this batch's first update the policy still is the old policy
+            torch.testing.assert_close(batch["old_per_token_logps"][mask], batch["fresh_policy"][mask])

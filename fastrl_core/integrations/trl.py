@@ -10,9 +10,10 @@ the advantages, so it can only come after; what this class does about the two pa
 - `defer_scoring=True` (default): while TRL's method runs, every no-grad log-prob pass (`old_per_token_logps`,
   `ref_per_token_logps`) returns a NaN placeholder and is recorded instead of run; after pruning it runs on the
   KEPT rows only and its result replaces the placeholder. So, as in FastRL's own trainer, the old/ref passes and
-  the update all skip pruned rollouts. A placeholder TRL consumed internally would be silently wrong, so: deferral
-  is switched off where TRL 1.16 does consume the old pass (vLLM importance-sampling correction) or runs the
-  reference pass under a PEFT adapter context, and a placeholder that does not come back in TRL's output raises.
+  the update all skip pruned rollouts. A placeholder TRL consumed internally would be silently wrong, so: the old
+  pass is not deferred where TRL 1.16 consumes it (vLLM importance-sampling correction: the reference pass still
+  is), nothing is deferred under PEFT (its reference pass runs on the policy inside an adapter context), and a
+  placeholder that does not come back in TRL's output raises.
 - `defer_scoring=False`: TRL computes those passes on every rollout and pruning then saves the update only.
 
 With TRL's defaults (beta = 0, steps_per_generation = gradient_accumulation_steps, num_iterations = 1) TRL runs
@@ -219,7 +220,8 @@ class FastRLGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **vision):
-        if self._deferring and not torch.is_grad_enabled() and not compute_entropy and not compute_aux_loss:
+        if self._deferring and not torch.is_grad_enabled() and not compute_entropy and not compute_aux_loss \
+                and self._may_defer(model):
             placeholder = torch.full((input_ids.shape[0], logits_to_keep), float("nan"), device=input_ids.device)
             self._deferred.append(_DeferredPass(placeholder, model, input_ids, attention_mask, logits_to_keep,
                                                 batch_size, {k: v for k, v in vision.items() if v is not None}))
@@ -228,15 +230,18 @@ class FastRLGRPOTrainer(GRPOTrainer):
             model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, compute_entropy=compute_entropy,
             compute_aux_loss=compute_aux_loss, **vision)
 
-    def _can_defer(self) -> bool:
-        vllm_consumes_old = self.use_vllm and self.vllm_importance_sampling_correction
-        return self.fastrl_defer_scoring and not vllm_consumes_old and not is_peft_model(self.model)
+    def _may_defer(self, model) -> bool:
+        """The reference pass always; the old pass unless TRL consumes it (vLLM importance-sampling correction)."""
+        if model is self.ref_model:
+            return True
+        return not (self.use_vllm and self.vllm_importance_sampling_correction)
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:  # evaluation: TRL's step unchanged
             return super()._generate_and_score_completions(inputs)
         self._seconds, self._deferred, self._stash = {}, [], {}
-        self._deferring = self._can_defer()
+        # under PEFT the reference pass runs on self.model inside an adapter context: indistinguishable, not deferred
+        self._deferring = self.fastrl_defer_scoring and not is_peft_model(self.model)
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:

@@ -69,8 +69,8 @@ def test_no_requests_give_empty_rollouts():
 
 
 def test_sketch_with_the_full_distribution_is_the_projected_bias_gradient():
-    """With every token's log-prob returned, u_t = e_y − p_t exactly, so the sketch is Σ_j b_j R_o[j] ⊗ R_h[j mod d]
-    of b = Σ_t (e_{y_t} − p_t): computed here by a plain loop, independently of logprob_sketch."""
+    """With every token's log-prob returned, u_t = e_y − p_t exactly, so the sketch is
+    Σ_j b_j R_o[j] ⊗ R_h[j mod d] of b = Σ_t (e_{y_t} − p_t): computed here by a plain loop, not by logprob_sketch."""
     vocab, hidden = 6, 4
     projection = make_projection(vocab, hidden, sketch_dim=4, seed=3)
     generator = torch.Generator().manual_seed(0)

@@ -261,7 +261,9 @@ class FastRLGRPOTrainer(GRPOTrainer):
         if not torch.all(weights == 1):
             shape = (-1,) + (1,) * (output["advantages"].dim() - 1)
             output["advantages"] = output["advantages"] * weights.clamp(min=0).view(shape)
-        loss_mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        loss_mask = output["completion_mask"]
+        if "tool_mask" in output:
+            loss_mask = loss_mask * output["tool_mask"]
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._seconds["prune"] += time.perf_counter() - start
 

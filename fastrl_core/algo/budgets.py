@@ -7,8 +7,8 @@ and never mutates its input. Every controller takes `n` (the trainer's rollouts_
 
 - `fixed`       n rollouts for every prompt (plain GRPO).
 - `rollout_sa`  the authors' RolloutSA (NOTES §1), one n for all prompts, changed at epoch ends.
-- `adaptive`    ours: per-prompt counts from each prompt's reward history under a total sample budget that tracks
-                the kept (informative) rollouts. See `adaptive_allocate`.
+- `adaptive`    ours: per-prompt counts from each prompt's reward history (p(1−p), zero-variance streaks) under a
+                total sample budget that tracks the kept (informative) rollouts. See `adaptive_allocate`.
 """
 
 from __future__ import annotations
@@ -162,9 +162,9 @@ def _reward_scale(state: dict) -> float:
 
 def _success_rate(history: dict, params: dict, scale: float) -> float:
     """Bernoulli-equivalent success rate p <= 1/2 of a prompt (the value is symmetric in p <-> 1 − p, so the side
-    does not matter): p(1−p) = smoothed within-group
-    reward variance / scale², the variance pooled over the prompt's observations with weight `memory` per step
-    back and a prior of prior_strength pseudo degrees of freedom at scale²/6."""
+    does not matter): p(1−p) = smoothed within-group reward variance / scale², the variance pooled over the
+    prompt's observations with weight `memory` per step back and a prior of prior_strength pseudo degrees of
+    freedom at scale²/6. For 0/1 rewards a group's population variance is exactly p̂(1 − p̂)."""
     prior = params["prior_strength"]
     variance = (history["sumsq"] + prior * scale**2 / 6) / (history["dof"] + prior)
     pq = min(max(variance / scale**2, 0.0), 0.25)
@@ -187,16 +187,19 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     1. Step budget B = `step_budget`: when the pruner keeps fewer rollouts (more all-equal groups, more
        redundancy) sampling grows so that the update still sees ≈ target_kept kept rollouts per prompt.
     2. Unseen prompts get n. Seen prompts start at n_min and share the rest of B (within n_max) by greedy
-       marginal value, which is optimal because each prompt's value is concave in its count (Knapsack-RL,
-       Li et al. 2025, "Knapsack RL: Unlocking Exploration of LLMs via Optimizing Budget Allocation"):
-           value_i(n) = w_i · (1 − p_i^n − (1 − p_i)^n),   w_i = p_i(1 − p_i) · streak_discount^streak_i,
-       i.e. the chance that n rollouts are not all equal (a group with all equal rewards has no gradient: DAPO,
-       GRESO) times the Bernoulli reward variance p(1 − p) that scales its gradient (VIP / Knapsack-RL's
-       p(1−p) allocation); value_i(n + 1) − value_i(n) = w_i·(p^n (1 − p) + (1 − p)^n p). p_i from
-       `_success_rate`: for 0/1 rewards exactly the smoothed success rate's p(1−p); for other rewards the
-       variance-equivalent one. The zero-variance streak (GRESO, Zheng et al. 2025: prompts all-correct or
-       all-wrong in recent epochs tend to stay so) discounts a prompt further. So uncertain prompts get more
-       rollouts, solved or hopeless ones n_min. Ties go to the earlier prompt, then the smaller count.
+       marginal value, optimal here because each prompt's value is concave in its count:
+           value_i(n) = w_i · (1 − p_i^n − (1 − p_i)^n),   w_i = p_i(1 − p_i) · streak_discount^streak_i.
+       The first factor is the chance that n rollouts are not all equal, i.e. give a non-zero GRPO gradient, and
+       the knapsack view is Knapsack-RL's (Li et al. 2025, arXiv 2509.25849, which multiplies that chance by an
+       InfoGain term); the weight is the Bernoulli reward variance p(1 − p) to which VIP (Nguyen et al. 2026,
+       arXiv 2602.01601) shows the per-prompt gradient variance is proportional. Marginal value:
+       value_i(n + 1) − value_i(n) = w_i·(p^n (1 − p) + (1 − p)^n p). p_i from `_success_rate`: for 0/1 rewards
+       the smoothed success rate's p(1−p) exactly, for other rewards the variance-equivalent one. The
+       zero-variance streak discounts a prompt further (GRESO, Zheng et al. 2025, "Act Only When It Pays":
+       prompts all-correct or all-wrong in recent epochs tend to stay so; GRESO skips them, here they get
+       fewer rollouts). So uncertain prompts get more rollouts, solved or hopeless ones n_min. Per-prompt kept
+       counts are not used beyond the batch rate: for a mixed group the pruner keeps a fixed share, so they
+       would repeat the non-zero-gradient factor. Ties go to the earlier prompt, then the smaller count.
     """
     params = state["params"]
     n, n_min, n_max = params["n"], params["n_min"], params["n_max"]

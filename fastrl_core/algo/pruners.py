@@ -159,8 +159,9 @@ def dapo_filter(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_kee
 @PRUNERS.register("cppo")
 def cppo(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
          generator: torch.Generator | None) -> PruneResult:
-    """CPPO (Lin et al. 2025, "CPPO: Accelerating the Training of GRPO Reasoning Models"): keep the m rollouts
-    of largest |A| per group (m from keep_ratio / min_keep, ties at random). Score |A|."""
+    """CPPO (Lin et al. 2025, arXiv 2503.22342, "CPPO: Accelerating the Training of Group Relative Policy
+    Optimization-Based Reasoning Models"): keep the m rollouts of largest |A| per group (m from keep_ratio /
+    min_keep, ties at random). Score |A|."""
     magnitude = groups.pad(batch.advantages.abs(), -math.inf)
     keep = groups.valid & (_rank_descending(magnitude) < keep_counts(groups.sizes, keep_ratio, min_keep)[:, None])
     reasons = torch.full_like(groups.index, int(Reason.LOW_ADVANTAGE))

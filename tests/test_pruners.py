@@ -267,7 +267,8 @@ def test_dapo_filter_drops_all_equal_groups():
     batch = batch_of([0, 0, 0, 5, 5, 9], [1.0, 1.0, 1.0, 0.0, 1.0, 0.3])
     result = prune("dapo_filter", batch)
     assert result.keep_mask.tolist() == [False, False, False, True, True, False]  # size-1 group: all equal
-    assert result.reasons.tolist() == [Reason.ZERO_VARIANCE_GROUP] * 3 + [Reason.KEPT] * 2 + [Reason.ZERO_VARIANCE_GROUP]
+    dropped, kept = Reason.ZERO_VARIANCE_GROUP, Reason.KEPT
+    assert result.reasons.tolist() == [dropped] * 3 + [kept] * 2 + [dropped]
     assert result.scores.tolist() == pytest.approx([0, 0, 0, 0.5, 0.5, 0])
 
 

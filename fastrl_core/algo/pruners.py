@@ -9,18 +9,19 @@ broken at random yet reproducibly: same generator seed -> same mask.
 
 Keep count (cppo, pods, fastrl): a group of n candidates keeps m = min(n, max(min_keep, ceil(keep_ratio·n))).
 
-| pruner          | source                                   | rule                                                 | score                        | floor (kept per group)           |
-|-----------------|------------------------------------------|------------------------------------------------------|------------------------------|----------------------------------|
-| none            | plain GRPO                               | keep all                                             | |A|                          | all                              |
-| dapo_filter     | DAPO dynamic sampling (Yu et al. 2025)   | drop groups whose rewards are all equal              | group reward std (pop.)      | all, or 0 if rewards all equal   |
-| cppo            | CPPO (Lin et al. 2025)                   | top-m by |A| per group                               | |A|                          | min(min_keep, n)                 |
-| pods            | PODS (Xu et al. 2025)                    | size-m subset of max reward variance                 | |r − group mean reward|      | min(min_keep, n)                 |
-| fastrl_official | the authors' code (NOTES §1)             | equal-advantage buckets + token Jaccard, top-up      | 1 − Jaccard to bucket's rep  | 1 (ignores keep_ratio/min_keep)  |
-| fastrl          | ours (see `fastrl`)                      | drop A = 0; sign-balanced greedy k-DPP on sketches   | exp(marginal log-det gain)   | min(min_keep, #nonzero A)        |
+| pruner          | rule                                                | score                    | kept per group >=  |
+|-----------------|-----------------------------------------------------|--------------------------|--------------------|
+| none            | keep all (plain GRPO)                               | |A|                      | all                |
+| dapo_filter     | drop groups whose rewards are all equal (DAPO)      | group reward std (pop.)  | 0 if all equal     |
+| cppo            | top-m by |A| per group (CPPO)                       | |A|                      | min(min_keep, n)   |
+| pods            | size-m subset of max reward variance (PODS)         | |r − group mean reward|  | min(min_keep, n)   |
+| fastrl_official | equal-advantage buckets + token Jaccard (NOTES §1)  | 1 − Jaccard to its rep   | 1                  |
+| fastrl          | drop A = 0; sign-balanced greedy k-DPP on sketches  | exp(marginal log-det)    | min(min_keep, n')  |
 
-So a group is emptied only by dapo_filter (all rewards equal) and by fastrl (all advantages zero); pods and cppo
-may keep zero-advantage rollouts to reach m. Weights are 1 for kept rollouts except with fastrl (sign-mass
-weights averaging 1 per group by default, Horvitz–Thompson weights with reweight=True) and 0 for pruned ones.
+n' = the group's nonzero-advantage rollouts; fastrl_official ignores keep_ratio and min_keep, as the authors' code
+has no budget. So a group is emptied only by dapo_filter (all rewards equal) and by fastrl (all advantages zero);
+pods and cppo may keep zero-advantage rollouts to reach m. Weights are 1 for kept rollouts except with fastrl
+(sign-mass weights averaging 1 per group by default, Horvitz–Thompson weights with reweight=True), 0 for pruned.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def _rank_descending(key: Tensor) -> Tensor:
     return torch.empty_like(order).scatter_(1, order, torch.arange(key.shape[1]).expand_as(order))
 
 
-def _result(groups: Groups, keep: Tensor, scores: Tensor, reasons: Tensor, weights: Tensor | None = None) -> PruneResult:
+def _result(groups: Groups, keep: Tensor, scores: Tensor, reasons: Tensor,
+            weights: Tensor | None = None) -> PruneResult:
     """Padded (G, M) decisions -> a PruneResult in batch order; weights default to 1 kept / 0 pruned."""
     keep_mask = groups.unpad(keep)
     reasons = torch.where(keep_mask, int(Reason.KEPT), groups.unpad(reasons))

@@ -89,9 +89,8 @@ def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
         "read_rollouts(run, kept=False, correct=True, limit=200)":
             lambda: store.read_rollouts(root, run_id, kept=False, correct=True, limit=200),
         "read_rollouts(run, prompt_id=p)  [all steps]": lambda: store.read_rollouts(root, run_id, prompt_id=prompt),
-        "read_rollouts(run, reason=..., columns=4)  [all steps]":
-            lambda: store.read_rollouts(root, run_id, reason="zero_advantage",
-                                        columns=["step", "prompt_id", "advantage", "proj_x"]),
+        "read_rollouts(run, columns=[step, kept, reason])  [all steps]":
+            lambda: store.read_rollouts(root, run_id, columns=["step", "kept", "reason"]),
         "read_rollouts(run)  [export: all 19 columns, all steps]": lambda: store.read_rollouts(root, run_id),
         "read_sketches(run, steps=last 5)": lambda: store.read_sketches(root, run_id, steps=range(last - 4, last + 1)),
         "read_sketches(run, steps=last 20)":

@@ -342,6 +342,19 @@ def test_read_rollouts_filters_equal_pandas_filters(synthetic_store, step, promp
     assert got["proj_x"].fillna(-1).tolist() == want["proj_x"].fillna(-1).tolist()
 
 
+def test_rollouts_come_in_written_order_with_projection_overlaid(synthetic_store):
+    root, run_id, full = synthetic_store
+    written = [synthetic_step(s, prompts=4, rollouts_per_prompt=6, sketch_dim=8)["rollouts"] for s in range(6)]
+    assert full["rollout_id"].tolist() == [r["rollout_id"] for rows in written for r in rows]
+    step2 = full[full["step"] == 2]
+    half = len(step2["rollout_id"].iloc[::2])
+    assert step2["proj_x"].iloc[::2].tolist() == [2.0 * i for i in range(half)]
+    assert step2["proj_y"].iloc[::2].tolist() == [2.0 * i + 1 for i in range(half)]
+    assert step2["proj_x"].iloc[1::2].isna().all() and full[full["step"] != 2]["proj_x"].isna().all()
+    only = store.read_rollouts(root, run_id, step=2, columns=["proj_y"])  # keys fetched for the overlay, dropped
+    assert list(only.columns) == ["proj_y"] and only["proj_y"].iloc[::2].tolist() == [2.0 * i + 1 for i in range(half)]
+
+
 def test_sketch_rows_align_with_rollouts(synthetic_store):
     root, run_id, full = synthetic_store
     meta, sketches = store.read_sketches(root, run_id, steps=[1, 2], limit=30)

@@ -3,7 +3,8 @@
 The trainer writes through `RunWriter` (one atomic unit per step: per-step Parquet files renamed into place,
 the steps row last); the app and the benchmarks read through the `read_*` functions and never build SQL.
 `compact` materialises a run into one DuckDB file; `store.duckdb` holds views over the live files for ad-hoc
-SQL (`duckdb -readonly <store_dir>/store.duckdb`). Layout and guarantees: `fastrl_core.store.layout`.
+SQL (`duckdb -readonly <store_dir>/store.duckdb`). Layout and guarantees: `fastrl_core.store.layout`;
+schemas: `fastrl_core.store.schema`; well-formed fake runs for tests and app work: `fastrl_core.store.synthetic`.
 """
 
 from fastrl_core.store.compact import compact, compact_main

@@ -36,11 +36,8 @@ def compact(store_dir: str | Path, run_id: str) -> Path:
         _create(con, "groups", "SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
                 "ORDER BY step, file_row_number", {"files": readers._files(store_dir, run_id, "groups", steps)},
                 schema.GROUPS)
-        sql, params = readers._rollouts_sql(store_dir, run_id, steps, readers.ROLLOUT_COLUMNS, [], None)
-        dim = meta.get("sketch_dim")
-        if dim:
-            sql = f"SELECT * REPLACE (sketch::FLOAT[{int(dim)}] AS sketch) FROM ({sql})"
-        _create(con, "rollouts", sql, params if steps else {"rollouts": []}, schema.ROLLOUTS)
+        sql, params = _rollouts_sql(store_dir, run_id, steps, meta.get("sketch_dim"))
+        _create(con, "rollouts", sql, params, schema.ROLLOUTS)
         _create(con, "evals", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step, split",
                 {"files": layout.eval_files(store_dir, run_id)}, schema.EVALS)
         refs = [r for (r,) in con.execute("SELECT DISTINCT image_ref FROM rollouts WHERE image_ref IS NOT NULL "
@@ -57,8 +54,27 @@ def compact(store_dir: str | Path, run_id: str) -> Path:
     return out
 
 
+def _rollouts_sql(store_dir: Path, run_id: str, steps: list[int], sketch_dim: int | None) -> tuple[str, dict]:
+    """Every rollout of `steps` with set_projection's coordinates merged in and the sketch as FLOAT[D]."""
+    proj_steps = [s for s in layout.step_numbers(store_dir, run_id, "proj") if s in set(steps)]
+    select = []
+    for name in readers.ROLLOUT_COLUMNS:
+        if name == "sketch" and sketch_dim:
+            select.append(f"r.sketch::FLOAT[{int(sketch_dim)}] AS sketch")
+        elif name in ("proj_x", "proj_y") and proj_steps:
+            select.append(f"coalesce(p.{name}, r.{name}) AS {name}")
+        else:
+            select.append(f"r.{name}")
+    sql = f"SELECT {', '.join(select)} FROM read_parquet($rollouts, file_row_number=true) r"
+    params = {"rollouts": readers._files(store_dir, run_id, "rollouts", steps)}
+    if proj_steps:
+        sql += " LEFT JOIN read_parquet($proj) p ON p.step = r.step AND p.rollout_id = r.rollout_id"
+        params["proj"] = readers._files(store_dir, run_id, "proj", proj_steps)
+    return sql + " ORDER BY r.step, r.file_row_number", params
+
+
 def _create(con: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict, columns: list) -> None:
-    if any(params.values()):
+    if all(params.values()):
         con.execute(f"CREATE TABLE {name} AS {sql}", params)
     else:  # no files yet: an empty table with the declared columns
         con.register("empty_arrow", schema.arrow_schema(schema.STEP_KEY, columns).empty_table())

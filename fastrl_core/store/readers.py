@@ -30,7 +30,7 @@ def _cursor() -> duckdb.DuckDBPyConnection:
     global _connection
     with _lock:
         if _connection is None or _connection[0] != os.getpid():
-            _connection = (os.getpid(), duckdb.connect())
+            _connection = (os.getpid(), duckdb.connect(config={"preserve_insertion_order": True}))
         return _connection[1].cursor()
 
 
@@ -150,29 +150,39 @@ ROLLOUT_COLUMNS = [c.name for c in schema.STEP_KEY + schema.ROLLOUTS]
 DEFAULT_ROLLOUT_COLUMNS = [c for c in ROLLOUT_COLUMNS if c != "sketch"]
 
 
-def _rollouts_sql(store_dir: Path, run_id: str, steps: list[int], columns: Sequence[str], where: list[str],
-                  limit: int | None) -> tuple[str, dict]:
-    params = {"rollouts": _files(store_dir, run_id, "rollouts", steps)}
-    proj_steps = set(layout.step_numbers(store_dir, run_id, "proj"))
-    proj = [s for s in steps if s in proj_steps]
-    select = []
-    for name in columns:
-        if name in ("proj_x", "proj_y") and proj:
-            select.append(f"coalesce(p.{name}, r.{name}) AS {name}")
-        else:
-            select.append(f"r.{name}")
-    sql = f"SELECT {', '.join(select)} FROM read_parquet($rollouts, file_row_number=true) r"
-    if proj:
-        params["proj"] = _files(store_dir, run_id, "proj", proj)
-        sql += " LEFT JOIN read_parquet($proj) p ON p.step = r.step AND p.rollout_id = r.rollout_id"
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (not isinstance(limit, (int, np.integer)) or limit < 0):
+        raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+
+
+def _scan_rollouts(store_dir: Path, run_id: str, steps: list[int], columns: Sequence[str], where: list[str],
+                   params: dict, limit: int | None):
+    """Rollout columns of `steps` as an Arrow table, in written order: DuckDB keeps the order of the file list
+    and of rows in a file when there is no ORDER BY (preserve_insertion_order), so LIMIT can stop early."""
+    sql = f"SELECT {', '.join(columns)} FROM read_parquet($rollouts)"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY r.step, r.file_row_number"
     if limit is not None:
-        if not isinstance(limit, (int, np.integer)) or limit < 0:
-            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
         sql += f" LIMIT {int(limit)}"
-    return sql, params
+    with _cursor() as cursor:
+        return cursor.sql(sql, params={**params, "rollouts": _files(store_dir, run_id, "rollouts", steps)}
+                          ).to_arrow_table()
+
+
+def _with_projection(frame: pd.DataFrame, store_dir: Path, run_id: str) -> pd.DataFrame:
+    """Overlay the coordinates stored by set_projection (own files per step) on frame's proj_x / proj_y."""
+    if frame.empty or "proj_x" not in frame and "proj_y" not in frame:
+        return frame
+    steps = sorted(set(layout.step_numbers(store_dir, run_id, "proj")) & set(frame["step"].unique().tolist()))
+    if not steps:
+        return frame
+    proj = _query_df("SELECT step, rollout_id, proj_x, proj_y FROM read_parquet($files)",
+                     {"files": _files(store_dir, run_id, "proj", steps)})
+    stored = frame[["step", "rollout_id"]].merge(proj, on=["step", "rollout_id"], how="left")  # keeps frame order
+    for name in ("proj_x", "proj_y"):
+        if name in frame:
+            frame[name] = np.where(stored[name].notna(), stored[name].to_numpy(), frame[name].to_numpy())
+    return frame
 
 
 @_retry_vanished
@@ -181,26 +191,28 @@ def read_rollouts(store_dir: str | Path, run_id: str, *, step: int | Sequence[in
                   reason: str | None = None, limit: int | None = None,
                   columns: Sequence[str] | None = None) -> pd.DataFrame:
     """Rollouts of visible steps in written order, filtered by step (one or several), prompt, kept, correct
-    (accuracy_reward > 0) and pruning reason. Columns: all but `sketch` unless `columns` names them (see
-    read_sketches for the sketch matrix). proj_x/proj_y include coordinates set later by set_projection."""
+    (accuracy_reward > 0) and pruning reason; the first `limit` matches. Columns: all but `sketch` unless
+    `columns` names them (read_sketches gives the sketch matrix). proj_x/proj_y include set_projection's."""
     store_dir = Path(store_dir)
     columns = list(DEFAULT_ROLLOUT_COLUMNS if columns is None else columns)
     unknown = [c for c in columns if c not in ROLLOUT_COLUMNS]
     if unknown:
         raise ValueError(f"read_rollouts: unknown column {unknown[0]!r}; choose from {ROLLOUT_COLUMNS}")
+    _check_limit(limit)
     steps = _select_steps(store_dir, run_id, step)
     if not steps:
         return _empty(schema.STEP_KEY, schema.ROLLOUTS, columns)
     where, params = [], {}
-    for name, value, condition in [("prompt_id", prompt_id, "r.prompt_id = $prompt_id"),
-                                   ("kept", kept, "r.kept = $kept"), ("reason", reason, "r.reason = $reason")]:
+    for name, value in (("prompt_id", prompt_id), ("kept", kept), ("reason", reason)):
         if value is not None:
-            where.append(condition)
+            where.append(f"{name} = ${name}")
             params[name] = value
     if correct is not None:
-        where.append("r.accuracy_reward > 0" if correct else "coalesce(r.accuracy_reward, 0) <= 0")
-    sql, files = _rollouts_sql(store_dir, run_id, steps, columns, where, limit)
-    return _query_df(sql, {**params, **files})
+        where.append("accuracy_reward > 0" if correct else "coalesce(accuracy_reward, 0) <= 0")
+    needs_keys = ("proj_x" in columns or "proj_y" in columns)
+    scanned = columns + [k for k in ("step", "rollout_id") if needs_keys and k not in columns]
+    frame = _scan_rollouts(store_dir, run_id, steps, scanned, where, params, limit).to_pandas()
+    return _with_projection(frame, store_dir, run_id)[columns]
 
 
 SKETCH_META_COLUMNS = ["step", "rollout_id", "prompt_id", "kept", "reward", "accuracy_reward", "advantage",
@@ -210,22 +222,22 @@ SKETCH_META_COLUMNS = ["step", "rollout_id", "prompt_id", "kept", "reward", "acc
 @_retry_vanished
 def read_sketches(store_dir: str | Path, run_id: str, *, steps: int | Sequence[int] | None = None,
                   limit: int | None = None) -> tuple[pd.DataFrame, np.ndarray]:
-    """Rollouts that have a gradient sketch: (meta rows, (n, D) float32 sketch matrix), rows aligned."""
+    """Rollouts that have a gradient sketch, in written order (the first `limit`): (meta rows with
+    SKETCH_META_COLUMNS, (n, D) float32 sketch matrix), rows aligned."""
     store_dir = Path(store_dir)
+    _check_limit(limit)
     selected = _select_steps(store_dir, run_id, steps)
     if not selected:
         return _empty(schema.STEP_KEY, schema.ROLLOUTS, SKETCH_META_COLUMNS), np.zeros((0, 0), np.float32)
-    sql, params = _rollouts_sql(store_dir, run_id, selected, SKETCH_META_COLUMNS + ["sketch"],
-                                ["r.sketch IS NOT NULL"], limit)
-    with _cursor() as cursor:
-        table = cursor.sql(sql, params=params).to_arrow_table()
+    table = _scan_rollouts(store_dir, run_id, selected, SKETCH_META_COLUMNS + ["sketch"], ["sketch IS NOT NULL"],
+                           {}, limit)
     sketch = table.column("sketch").combine_chunks()
     n = len(sketch)
     flat = sketch.flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0, np.float32)
     dim = flat.size // n if n else 0
     if dim * n != flat.size:
         raise ValueError(f"run {run_id!r}: sketches of different lengths in steps {selected[0]}..{selected[-1]}")
-    meta = table.drop_columns(["sketch"]).to_pandas()
+    meta = _with_projection(table.drop_columns(["sketch"]).to_pandas(), store_dir, run_id)
     return meta, flat.astype(np.float32, copy=False).reshape(n, dim)
 
 

@@ -184,6 +184,13 @@ def build_tiny_vlm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> Qwen
     return model.eval()
 
 
+def build_tiny_policy(corpus: Iterable[str], *, vocab_size: int = 1024, seed: int = 0) -> Policy:
+    """Tokenizer trained on `corpus` + randomly initialised tiny Qwen2.5-VL + images-only processor."""
+    tokenizer = build_tokenizer(corpus, vocab_size)
+    model = build_tiny_vlm(tokenizer, seed=seed)
+    return Policy(model, build_processor(tokenizer), vision_token_ids(tokenizer, model.config))
+
+
 class _ProcessorWithoutVideo:
     """Mixin: skip the video-processor class check when no video processor is given (torchvision absent)."""
 

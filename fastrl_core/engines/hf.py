@@ -54,6 +54,9 @@ class PromptBatch:
     pixel_values: list[Tensor]  # P x (patches_p, C·t·p·p)
     image_grid_thw: Tensor  # (P, 3)
 
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
 
 def _first_true_inclusive_mask(is_end: Tensor) -> Tensor:
     """(N, T) bool: True up to and including the first True of `is_end` in each row (all True if none)."""
@@ -242,18 +245,28 @@ class HFEngine:
     # ---- re-scoring ---------------------------------------------------------------------------------------------
 
     def token_logprobs(self, model, problems: Sequence, rollouts: Rollouts, index: Tensor) -> Tensor:
-        """log `model`(y_t | prompt, y_<t) for rollouts[index]: (n, T) float32, 0 where masked, with grad if enabled.
+        """log `model`(y_t | prompt, y_<t) for rollouts[index]: (n, T) float32, 0 where masked, with grad if enabled."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        return self.sequence_logprobs(
+            model,
+            self.prompt_batch(problems),
+            rollouts.prompt_index[index],
+            rollouts.completion_ids[index],
+            rollouts.completion_mask[index],
+        )
+
+    def sequence_logprobs(
+        self, model, prompts: PromptBatch, prompt_index: Tensor, completion_ids: Tensor, completion_mask: Tensor
+    ) -> Tensor:
+        """log `model`(y_t | prompt, y_<t) of completions (n, T) after prompts `prompt_index` (n,): (n, T) float32,
+        0 where masked, with grad if grad is enabled.
 
         One forward over prompt + completion; completion tokens get text mRoPE positions following the prompt's
-        (`mm_token_type_ids` extended with zeros); logits only for the last T + 1 positions."""
-        index = torch.as_tensor(index, dtype=torch.long)
-        prompts = self.prompt_batch(problems)
-        prompt_index = rollouts.prompt_index[index]  # (n,)
-        completion_ids = rollouts.completion_ids[index]  # (n, T)
-        completion_mask = rollouts.completion_mask[index]  # (n, T)
+        (`mm_token_type_ids` extended with zeros, NOTES §2); logits only for the last T' + 1 positions, T' the
+        longest unmasked completion."""
         full_length = completion_ids.shape[1]
-        length = int(completion_mask.sum(dim=1).max()) if index.numel() else 0  # trim the all-pad tail
-        completion_ids, completion_mask = completion_ids[:, :length], completion_mask[:, :length]
+        length = int(completion_mask.sum(dim=1).max()) if len(prompt_index) else 0  # trim the all-pad tail
+        completion_ids, completion_mask = completion_ids[:, :length], completion_mask[:, :length].bool()
         device = model.device
         input_ids = torch.cat([prompts.input_ids[prompt_index], completion_ids], dim=1)
         attention_mask = torch.cat([prompts.attention_mask[prompt_index], completion_mask.long()], dim=1)

@@ -1,0 +1,169 @@
+"""HF rollout engine: shapes and masks with unequal groups, behaviour log-probs = a fresh forward, shared image
+encoding = per-rollout encoding, no vision token sampled, reproducible sampling, sketches from generate's outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastrl_core.algo.sketches import lm_head_sketch, make_projection
+from fastrl_core.data.problems import load_problems
+from fastrl_core.data.synthetic import write_dataset
+from fastrl_core.data.templates import TEMPLATES
+from fastrl_core.engines.hf import HFEngine, Rollouts
+from fastrl_core.policy import EMBEDDED_DIR, build_tiny_policy, load_policy
+from fastrl_core.warmstart import tokenizer_corpus
+
+COUNTS = [3, 0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def problems(tmp_path_factory):
+    root = write_dataset(tmp_path_factory.mktemp("data") / "synthetic", n_train=16, n_test=8, seed=5)
+    return load_problems(root / "train")[:4]
+
+
+@pytest.fixture(scope="module")
+def random_policy(problems):
+    """Random init: never emits EOS on purpose, and would sample vision tokens without suppression."""
+    return build_tiny_policy(tokenizer_corpus(problems, TEMPLATES), vocab_size=512, seed=0)
+
+
+@pytest.fixture(scope="module")
+def policy(random_policy):
+    """The shipped warm start (its completions end in EOS at various lengths), else the random policy."""
+    return load_policy("embedded") if (EMBEDDED_DIR / "config.json").is_file() else random_policy
+
+
+@pytest.fixture(scope="module")
+def sampled(policy, problems) -> tuple[HFEngine, Rollouts]:
+    model = policy.model
+    projection = make_projection(model.lm_head.weight.shape[0], model.lm_head.weight.shape[1], sketch_dim=64)
+    engine = HFEngine(policy, max_new_tokens=24, sketch_projection=projection, sketch_top_k=16)
+    return engine, engine.generate(problems, COUNTS, generator=torch.Generator().manual_seed(0))
+
+
+def test_shapes_and_masks_with_unequal_groups(sampled):
+    engine, rollouts = sampled
+    n, length = rollouts.completion_ids.shape
+    assert rollouts.prompt_index.tolist() == [0, 0, 0, 2, 3, 3]
+    assert n == sum(COUNTS) == len(rollouts) == len(rollouts.completion_text) and length <= 24
+    assert rollouts.completion_mask.shape == rollouts.behaviour_logprobs.shape == (n, length)
+    assert rollouts.sketches.shape == (n, 64)
+    mask = rollouts.completion_mask
+    assert (mask[:, 1:] <= mask[:, :-1]).all()  # True then False: a prefix
+    eos = torch.isin(rollouts.completion_ids, torch.tensor(engine.eos_token_ids))
+    lengths = mask.sum(dim=1)
+    for row in range(n):
+        ended = eos[row, : lengths[row]]
+        assert ended[:-1].sum() == 0  # no EOS before the last unmasked token
+        assert ended[-1] or lengths[row] == length  # ends with EOS unless truncated
+        assert (rollouts.completion_ids[row, lengths[row]:] == engine.pad_token_id).all()
+    assert (rollouts.behaviour_logprobs[~mask] == 0).all() and (rollouts.behaviour_logprobs[mask] < 0).all()
+
+
+def test_behaviour_logprobs_equal_a_fresh_forward(sampled, policy, problems):
+    engine, rollouts = sampled
+    with torch.no_grad():
+        fresh = engine.token_logprobs(policy.model, problems, rollouts, torch.arange(len(rollouts)))
+    assert fresh.shape == rollouts.behaviour_logprobs.shape
+    torch.testing.assert_close(fresh, rollouts.behaviour_logprobs, atol=1e-5, rtol=0)
+    subset = torch.tensor([4, 1])
+    with torch.no_grad():
+        part = engine.token_logprobs(policy.model, problems, rollouts, subset)
+    torch.testing.assert_close(part, rollouts.behaviour_logprobs[subset], atol=1e-5, rtol=0)
+
+
+def test_shared_image_encoding_equals_per_rollout_encoding(sampled, policy, problems):
+    engine, rollouts = sampled
+    naive = HFEngine(policy, max_new_tokens=24, share_images=False)
+    model = policy.model
+    index = torch.arange(len(rollouts))
+    grads = []
+    for eng in (engine, naive):
+        model.zero_grad(set_to_none=True)
+        logprobs = eng.token_logprobs(model, problems, rollouts, index)
+        (logprobs.sum() / rollouts.completion_mask.sum()).backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+        grads[-1]["logprobs"] = logprobs.detach()
+    model.zero_grad(set_to_none=True)
+    shared, per_rollout = grads
+    torch.testing.assert_close(shared["logprobs"], per_rollout["logprobs"], atol=1e-5, rtol=0)
+    assert any(name.startswith("model.visual") for name in shared)  # gradient reaches the vision tower
+    assert shared.keys() == per_rollout.keys()
+    for name in shared:
+        torch.testing.assert_close(shared[name], per_rollout[name], atol=1e-5, rtol=1e-4)
+    # and sampling through either path gives the same rollouts
+    again = naive.generate(problems, COUNTS, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again.completion_ids, rollouts.completion_ids)
+
+
+def test_no_vision_token_is_ever_sampled(random_policy, problems):
+    engine = HFEngine(random_policy, max_new_tokens=32)
+    rollouts = engine.generate(problems, [16] * 4, generator=torch.Generator().manual_seed(1))
+    assert rollouts.completion_mask.sum() > 1500  # random init: rarely EOS, ~2,000 sampled tokens
+    sampled_ids = rollouts.completion_ids[rollouts.completion_mask]
+    assert not torch.isin(sampled_ids, torch.tensor(random_policy.suppress_token_ids)).any()
+    # without suppression this policy does put mass on them (~5 of 512 ids): the check above can fail
+    with torch.no_grad():
+        prompts = engine.prompt_batch(problems)
+        logits = random_policy.model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
+                                     mm_token_type_ids=prompts.mm_token_type_ids,
+                                     pixel_values=torch.cat(prompts.pixel_values),
+                                     image_grid_thw=prompts.image_grid_thw).logits[:, -1]
+        vision_mass = logits.softmax(-1)[:, random_policy.suppress_token_ids].sum(-1)
+    assert (vision_mass > 1e-3).all()
+
+
+def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(policy, problems):
+    engine = HFEngine(policy, max_new_tokens=16)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    first = engine.generate(problems, [2, 2, 2, 2], generator=torch.Generator().manual_seed(7))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    second = engine.generate(problems, [2, 2, 2, 2], generator=torch.Generator().manual_seed(7))
+    other = engine.generate(problems, [2, 2, 2, 2], generator=torch.Generator().manual_seed(8))
+    assert torch.equal(first.completion_ids, second.completion_ids)
+    assert first.completion_text == second.completion_text
+    assert not torch.equal(first.completion_ids, other.completion_ids)
+
+
+def test_sketches_equal_the_batch_sketch_of_a_fresh_forward(sampled, policy, problems):
+    """Generate's last hidden state is post-norm (lm_head(h) = logits), so the streamed sketch equals the sketch of
+    a fresh forward's hidden states and logits."""
+    engine, rollouts = sampled
+    model = policy.model
+    prompts = engine.prompt_batch(problems)
+    index = rollouts.prompt_index
+    length = rollouts.completion_ids.shape[1]
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.cat([prompts.input_ids[index], rollouts.completion_ids], dim=1),
+            attention_mask=torch.cat([prompts.attention_mask[index], rollouts.completion_mask.long()], dim=1),
+            mm_token_type_ids=torch.cat([prompts.mm_token_type_ids[index],
+                                         torch.zeros_like(rollouts.completion_ids)], dim=1),
+            pixel_values=torch.cat([prompts.pixel_values[i] for i in index.tolist()]),
+            image_grid_thw=prompts.image_grid_thw[index],
+            output_hidden_states=True,
+        )
+    hidden = out.hidden_states[-1][:, -length - 1 : -1]  # positions predicting the completion tokens
+    logits = out.logits[:, -length - 1 : -1]
+    torch.testing.assert_close(model.lm_head(hidden), logits)  # the last hidden state is the lm_head input
+    expected = lm_head_sketch(hidden, logits, rollouts.completion_ids, rollouts.completion_mask,
+                              engine.sketch_projection, top_k=16)
+    torch.testing.assert_close(rollouts.sketches, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_does_not_depend_on_batching(policy, problems):
+    engine = HFEngine(policy, max_new_tokens=16)
+    together = engine.greedy(problems, batch_size=4)
+    apart = engine.greedy(problems, batch_size=1)
+    assert together == apart and len(together) == len(problems)
+
+
+def test_bad_counts_are_rejected(sampled, problems):
+    engine, _ = sampled
+    with pytest.raises(ValueError, match="entries"):
+        engine.generate(problems, [1, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        engine.generate(problems, [1, -1, 1, 1])

@@ -7,9 +7,8 @@
 #   docker run --gpus all --entrypoint python fastrl:gpu scripts/gpu_check.py
 #   docker run --gpus all --entrypoint accelerate fastrl:gpu launch --num_processes 8 my_trl_script.py
 #
-# The CPU install (pyproject: torch 2.13.0, transformers 5.23.0) and vLLM 0.33 (torch 2.14.0, torchvision 0.29.0,
-# transformers < 5.21) cannot resolve together, so this image installs the dependency set below with the GPU pins
-# and then the project itself with --no-deps (editable, so data/warmstart and scripts/ stay next to the code).
+# pyproject's dependencies are ranges; the CPU machines install with constraints/cpu.txt (torch 2.13.0,
+# transformers 5.23.0) and this image with constraints/gpu.txt (vLLM 0.33: torch 2.14.0, transformers 5.20).
 # docs/gpu.md says what was and was not run: this file was written without a Docker engine or a GPU at hand.
 
 ARG CUDA_IMAGE=nvidia/cuda:12.9.1-runtime-ubuntu24.04
@@ -30,30 +29,10 @@ RUN apt-get update \
  && python3 -m venv "$VIRTUAL_ENV" \
  && pip install --upgrade pip
 
-# The GPU pins. torch/torchvision/transformers follow vLLM 0.33; the rest are pyproject's own pins.
-COPY <<EOF /opt/fastrl/requirements-gpu.txt
-vllm==0.33.0
-torch==2.14.0
-torchvision==0.29.0
-transformers<5.21
-numpy>=2.0,<2.5
-pillow==13.0.0
-pyyaml==6.0.3
-duckdb==2.0.0
-pyarrow==26.0.1
-math-verify==0.9.0
-tqdm==4.70.1
-streamlit==1.67.0
-plotly==7.1.0
-umap-learn==0.5.12
-pandas==3.1.1
-trl==1.16.0
-accelerate==1.15.0
-EOF
-RUN pip install -r /opt/fastrl/requirements-gpu.txt
-
+# The GPU pins (constraints/gpu.txt): torch/torchvision/transformers follow vLLM 0.33. Editable install, so
+# data/warmstart and scripts/ stay next to the code.
 COPY . /opt/fastrl/src
-RUN pip install --no-deps -e /opt/fastrl/src \
+RUN pip install -c /opt/fastrl/src/constraints/gpu.txt -e "/opt/fastrl/src[gpu,app,trl]" \
  && python -c "from importlib.metadata import version; from fastrl_core.engines.vllm import VLLMEngine; \
 from fastrl_core.integrations.trl import FastRLGRPOTrainer; print('fastrl', version('fastrl'), 'vllm', version('vllm'))"
 

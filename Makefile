@@ -6,11 +6,11 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/cpu.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0          # CPU wheel; must come first (see NOTES: CUDA build otherwise)
-	$(BIN)/pip install -q -e ".[cpu,app,trl,dev]"
+	$(BIN)/pip install -q -c constraints/cpu.txt -e ".[cpu,app,trl,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -147,8 +147,9 @@ class Trainer:
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
         if resume:
-            self.writer = RunWriter.resume(config.store_dir, resume)
-            self._load_checkpoint(self.checkpoint_dir)
+            self._load_checkpoint(Path(config.store_dir) / "checkpoints" / resume)
+            # steps written after the checkpoint are dropped: the resumed run rewrites them exactly
+            self.writer = RunWriter.resume(config.store_dir, resume, from_step=self.step)
         else:
             self.writer = RunWriter(config.store_dir, name=config.run_name, config=asdict(config), **store_meta)
 
@@ -259,8 +260,8 @@ class Trainer:
         refs = []
         for problem in problems:
             if problem.id not in self._images:
-                data = problem.image_path.read_bytes() if problem.image_path else b""
-                self._images[problem.id] = (image_key(data) if data else "", data)
+                data = problem.image_path.read_bytes() if problem.image_path else None
+                self._images[problem.id] = (image_key(data) if data else None, data)
                 if data:
                     images[self._images[problem.id][0]] = data
             refs.append(self._images[problem.id][0])

@@ -9,14 +9,14 @@ broken at random yet reproducibly: same generator seed -> same mask.
 
 Keep count (cppo, pods, fastrl): a group of n candidates keeps m = min(n, max(min_keep, ceil(keep_ratio·n))).
 
-| pruner          | rule                                                | score                    | kept per group >=  |
-|-----------------|-----------------------------------------------------|--------------------------|--------------------|
-| none            | keep all (plain GRPO)                               | |A|                      | all                |
-| dapo_filter     | drop groups whose rewards are all equal (DAPO)      | group reward std (pop.)  | 0 if all equal     |
-| cppo            | top-m by |A| per group (CPPO)                       | |A|                      | min(min_keep, n)   |
-| pods            | size-m subset of max reward variance (PODS)         | |r − group mean reward|  | min(min_keep, n)   |
-| fastrl_official | equal-advantage buckets + token Jaccard (NOTES §1)  | 1 − Jaccard to its rep   | 1                  |
-| fastrl          | drop A = 0; sign-balanced greedy k-DPP on sketches  | exp(marginal log-det)    | min(min_keep, n')  |
+| pruner          | rule                                               | score                   | kept per group >= |
+|-----------------|----------------------------------------------------|-------------------------|-------------------|
+| none            | keep all (plain GRPO)                              | |A|                     | all               |
+| dapo_filter     | drop groups whose rewards are all equal (DAPO)     | group reward std (pop.) | 0 if all equal    |
+| cppo            | top-m by |A| per group (CPPO)                      | |A|                     | min(min_keep, n)  |
+| pods            | size-m subset of max reward variance (PODS)        | |r − group mean reward| | min(min_keep, n)  |
+| fastrl_official | equal-advantage buckets + token Jaccard (NOTES §1) | 1 − Jaccard to its rep  | 1                 |
+| fastrl          | drop A = 0; sign-balanced greedy k-DPP on sketches | exp(marginal log-det)   | min(min_keep, n') |
 
 n' = the group's nonzero-advantage rollouts; fastrl_official ignores keep_ratio and min_keep, as the authors' code
 has no budget. So a group is emptied only by dapo_filter (all rewards equal) and by fastrl (all advantages zero);

@@ -25,6 +25,11 @@ def reason_label(reason: object) -> str:
     return str(reason).replace("_", " ").lower()
 
 
+def pruned_reason(kept: bool, reason: object) -> str:
+    """The reason shown next to a rollout: empty for a kept one, else its reason label."""
+    return "" if kept else reason_label(reason)
+
+
 def reason_text(reason: object) -> str:
     """A one-line explanation of a pruner's reason code (the code itself when unknown)."""
     return REASON_TEXT.get(str(reason).upper(), reason_label(reason))

@@ -109,7 +109,7 @@ def group_bars(group: pd.DataFrame, *, revision: str) -> go.Figure:
     return _style(fig, revision=revision, height=280)
 
 
-def sketch_map(points: pd.DataFrame, *, colour: str, revision: str, title: str) -> go.Figure:
+def sketch_map(points: pd.DataFrame, *, colour: str, revision: str) -> go.Figure:
     """Scatter of rollouts on the 2-D map; custom_data = (step, rollout_id) maps a selection back to rows."""
     common = dict(x="x", y="y", custom_data=["step", "rollout_id"], hover_data={"x": False, "y": False},
                   labels={"x": "", "y": ""})
@@ -121,7 +121,7 @@ def sketch_map(points: pd.DataFrame, *, colour: str, revision: str, title: str) 
         palette = KEPT_COLOURS if colour == "status" else {"correct": "#2a9d8f", "wrong": "#e76f51"}
         fig = px.scatter(points, color=colour, color_discrete_map=palette, hover_name="prompt_id", **common)
     fig.update_traces(marker=dict(size=6, opacity=0.8))
-    fig.update_layout(dragmode="select")
+    fig.update_layout(dragmode="select", legend_title_text="")
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False)
-    return _style(fig, revision=revision, height=520, title=title)
+    return _style(fig, revision=revision, height=520)

@@ -19,6 +19,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits  # installed with scikit-learn, which umap-learn requires
 
 MIN_UMAP_POINTS = 20  # below this UMAP's neighbour graph is degenerate; PCA is shown instead
 
@@ -26,8 +27,10 @@ MIN_UMAP_POINTS = 20  # below this UMAP's neighbour graph is degenerate; PCA is 
 def pca_2d(x: np.ndarray) -> np.ndarray:
     """First two principal components of `x` (n, D) -> (n, 2), signs fixed for stable orientation.
 
-    Each axis is flipped so that its largest-magnitude loading is positive, so a map does not mirror
-    itself between refreshes. Missing dimensions (n < 2 or D < 2) are zero columns.
+    Axes are the top eigenvectors of the D x D scatter matrix (an SVD of the n x D data when n < D): on 2 busy
+    cores an SVD of 2,500 x 256 took 0.05-6 s, the scatter matrix 0.03 s. Each axis is flipped so that its
+    largest-magnitude loading is positive, so a map does not mirror itself between refreshes. Missing
+    dimensions (n < 2 or D < 2) are zero columns.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
@@ -36,8 +39,12 @@ def pca_2d(x: np.ndarray) -> np.ndarray:
     if x.shape[0] < 2:
         return out
     centred = x - x.mean(axis=0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)  # vt: (min(n, D), D)
-    axes = vt[:2]
+    with threadpool_limits(1, "blas"):  # a 2-thread BLAS on 2 shared cores stalls behind the busy one
+        if x.shape[0] >= x.shape[1]:
+            _, vectors = np.linalg.eigh(centred.T @ centred)  # ascending eigenvalues, (D, D)
+            axes = vectors[:, ::-1][:, :2].T  # (k, D)
+        else:
+            axes = np.linalg.svd(centred, full_matrices=False)[2][:2]
     axes = axes * np.sign(axes[np.arange(len(axes)), np.abs(axes).argmax(axis=1)])[:, None]
     out[:, : len(axes)] = centred @ axes.T
     return out

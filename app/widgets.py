@@ -56,21 +56,24 @@ def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run") -> p
     return by_id.loc[chosen]
 
 
-def run_caption(run: pd.Series) -> None:
+def current(run_id: str) -> pd.Series:
+    """The run's row as it is now (status and step count move while it trains)."""
+    return data.runs().set_index("run_id", drop=False).loc[run_id]
+
+
+def run_caption(run: pd.Series, *, refreshing: bool = False) -> None:
     """One line under the page title: what this run is and whether it is still training."""
     state = status(run)
     steps = int(run["steps"]) if pd.notna(run["steps"]) else 0
     text = (f"{STATUS_ICON.get(state, '')} **{run['run_id']}** · {state} · {steps} steps · "
             f"objective `{run['objective']}` · pruner `{run['pruner']}` · budget `{run['budget']}` · "
             f"model `{run['model']}` · data `{run['dataset']}`")
-    if state == "running":
-        text += f" · refreshing every {LIVE_EVERY}"
+    if state == "running" and refreshing:
+        text += f" · this page refreshes every {LIVE_EVERY}"
     st.caption(text)
 
 
 def rerun_when_finished(run_id: str, live: bool) -> None:
     """Inside a live fragment: redraw the whole page once the run stops running (which ends the timer)."""
-    if live:
-        runs = data.runs().set_index("run_id", drop=False)
-        if run_id in runs.index and status(runs.loc[run_id]) != "running":
-            st.rerun(scope="app")
+    if live and status(current(run_id)) != "running":
+        st.rerun(scope="app")

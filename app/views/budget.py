@@ -11,11 +11,11 @@ if runs.empty:
     st.stop()
 run = widgets.pick_run(runs)
 run_id = run["run_id"]
-widgets.run_caption(run)
 live = widgets.is_live(run)
 
 
 def budget() -> None:
+    widgets.run_caption(widgets.current(run_id), refreshing=live)
     steps = data.steps([run_id])
     if steps.empty:
         st.info("The run has started; its first step is being sampled.")

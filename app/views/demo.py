@@ -14,7 +14,6 @@ pruned_runs = runs[runs["pruner"] != "none"]
 run = widgets.pick_run(pruned_runs if not pruned_runs.empty else runs, label="FastRL run")
 run_id = run["run_id"]
 baseline = analysis.find_baseline(runs, run_id)
-widgets.run_caption(run)
 st.markdown(
     "GRPO learns by sampling several answers to each question and comparing them: answers better than their "
     "group's average are reinforced, worse ones discouraged. When a group's answers are all equally good (or all "
@@ -26,6 +25,7 @@ live = any(widgets.is_live(r) for _, r in runs.iterrows())
 
 
 def story() -> None:
+    widgets.run_caption(widgets.current(run_id), refreshing=live)
     steps = data.steps([run_id])
     if steps.empty:
         st.info("The run has started; the story begins once its first step is written.")

@@ -41,6 +41,7 @@ projection = data.project(run_id, meta, matrix)
 points = meta.assign(x=projection.xy[:, 0], y=projection.xy[:, 1],
                      status=np.where(meta["kept"], "kept", "pruned"),
                      correct=np.where(meta["accuracy_reward"].fillna(0) > 0, "correct", "wrong")).dropna(subset=["x"])
+st.subheader(f"{projection.method.upper()} map of {len(points)} rollouts, steps {low}–{high}")
 st.caption(f"{len(points)} rollouts of steps {low}–{high}"
            f"{f' (first {MAX_POINTS})' if len(meta) == MAX_POINTS else ''}. {projection.note} Each point is one "
            "rollout's gradient sketch (last-layer policy gradient, randomly projected); nearby points push the model "
@@ -65,9 +66,7 @@ if widgets.is_live(run):
 
 @st.fragment
 def map_and_selection() -> None:
-    title = f"{projection.method.upper()} · {len(points)} rollouts"
-    event = st.plotly_chart(charts.sketch_map(points, colour=colour, revision=f"{run_id}/{projection.method}",
-                                              title=title),
+    event = st.plotly_chart(charts.sketch_map(points, colour=colour, revision=f"{run_id}/{projection.method}"),
                             key=f"map_{projection.method}", on_select="rerun", selection_mode=("box", "lasso"))
     picked = analysis.selected_keys(event.selection.points)
     if not picked:
@@ -88,8 +87,8 @@ def map_and_selection() -> None:
             with column:
                 if png is not None:
                     st.image(png, width="stretch")
-                st.markdown(f"{':green[kept]' if row['kept'] else ':red[pruned]'} · A={row['advantage']:+.2f} · r={row['reward']:.2f}  \n"
-                            f"{analysis.reason_label(row['reason'])}")
+                status = ":green[kept]" if row["kept"] else f":red[pruned]: {analysis.reason_label(row['reason'])}"
+                st.markdown(f"{status}  \nA={row['advantage']:+.2f} · r={row['reward']:.2f}")
                 st.page_link("views/rollouts.py", label=f"step {row['step']} · {row['prompt_id']}",
                              query_params={"run": run_id, "step": str(row["step"]), "prompt": row["prompt_id"]})
 

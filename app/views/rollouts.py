@@ -57,7 +57,7 @@ shown = analysis.filter_rollouts(rollouts, prompt_id=None if prompt == ALL else 
                                  reasons=chosen_reasons or None)
 columns = {
     "status": st.column_config.TextColumn("", width="small"),
-    "reason": st.column_config.TextColumn("reason", help="Why the pruner kept or dropped it"),
+    "reason": st.column_config.TextColumn("pruned because", help="Why the pruner dropped it"),
     "reward": st.column_config.NumberColumn(format="%.2f"),
     "format_reward": st.column_config.NumberColumn("format", format="%.2f"),
     "accuracy_reward": st.column_config.NumberColumn("accuracy", format="%.2f"),
@@ -68,7 +68,7 @@ columns = {
     "completion": st.column_config.TextColumn("completion", width="large"),
 }
 view = shown.assign(status=shown["kept"].map({True: "kept", False: "pruned"}),
-                    reason=shown["reason"].map(analysis.reason_label))
+                    reason=[analysis.pruned_reason(k, r) for k, r in zip(shown["kept"], shown["reason"])])
 
 if prompt == ALL:
     st.caption(f"Step {step}: {len(shown)} of {len(rollouts)} rollouts match the filters.")

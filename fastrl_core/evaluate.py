@@ -28,22 +28,23 @@ def evaluate(
     generator: torch.Generator | None = None,
     progress: bool = True,
 ) -> dict:
-    """{accuracy, format_rate, n, per_kind, completions} over `problems`; `temperature=None` decodes greedily,
+    """{accuracy, format_rate, n, per_kind, completions} over `problems`; `temperature=None` (or 0) decodes greedily,
     otherwise one completion per problem is sampled at that temperature from `generator`."""
     from fastrl_core.data.templates import answer_style
     from fastrl_core.rewards import score_completions
 
     if not problems:
         raise ValueError("evaluate: no problems")
+    greedy = not temperature  # None or 0: argmax decoding
     engine = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature or 1.0)
     was_training = policy.model.training
     policy.model.eval()
     completions: list[str] = []
-    label = "eval greedy" if temperature is None else f"eval T={temperature:g}"
+    label = "eval greedy" if greedy else f"eval T={temperature:g}"
     with tqdm(total=len(problems), desc=label, unit="problem", disable=not progress, leave=False) as bar:
         for start in range(0, len(problems), batch_size):
             chunk = list(problems[start : start + batch_size])
-            if temperature is None:
+            if greedy:
                 completions += engine.greedy(chunk, batch_size=batch_size)
             else:
                 completions += engine.generate(chunk, [1] * len(chunk), generator=generator).completion_text

@@ -78,9 +78,10 @@ class Policy:
 
     @property
     def eos_token_id(self) -> int:
-        return self.tokenizer.convert_tokens_to_ids(EOS_TOKEN) if EOS_TOKEN in self.tokenizer.get_vocab() else (
-            self.tokenizer.eos_token_id
-        )
+        """`<|im_end|>` (end of an assistant turn) if the tokenizer has it, else the tokenizer's EOS."""
+        if EOS_TOKEN in self.tokenizer.get_vocab():
+            return self.tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+        return self.tokenizer.eos_token_id
 
     def chat_prompt(self, problem, template: str) -> str:
         """Chat-template text for `problem` (user turn: one image, then the rendered question)."""

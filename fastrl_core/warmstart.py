@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -36,26 +36,31 @@ from fastrl_core.policy import EOS_TOKEN, Policy, build_tiny_policy, save_policy
 THINK = "I look at the figure."
 
 
+def _arg(default, help: str):
+    """A field with its CLI help (shown by `--help`)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class WarmstartArgs:
-    out: str = "data/warmstart"  # where the chosen checkpoint is saved
-    data_dir: str = "runs/data"  # cache folder of the synthetic dataset
-    n_train: int = 2048  # synthetic train problems
-    n_test: int = 256  # synthetic test problems
-    data_seed: int = 0  # seed of the synthetic dataset
-    seed: int = 0  # model init and batch order
-    template: str = "math"  # prompt template the warm start is trained on
-    vocab_size: int = 1024  # BPE vocabulary incl. special tokens
-    batch_size: int = 32  # problems per SFT step
-    lr: float = 1e-3  # AdamW learning rate (constant after warmup)
-    warmup_steps: int = 10  # linear lr warmup
-    max_steps: int = 600  # SFT steps at most
-    eval_every: int = 25  # steps between evaluations on the test split
-    band_low: float = 0.25  # lowest greedy test accuracy a chosen checkpoint may have
-    band_high: float = 0.50  # highest greedy test accuracy a chosen checkpoint may have (>= 15 points left for RL)
-    min_format: float = 0.90  # lowest format rate a chosen checkpoint may have
-    max_new_tokens: int = 32  # completion length at evaluation
-    threads: int = 2  # torch threads (2-core machines: more is slower)
+    out: str = _arg("data/warmstart", "where the chosen checkpoint is saved")
+    data_dir: str = _arg("runs/data", "cache folder of the synthetic dataset")
+    n_train: int = _arg(2048, "synthetic train problems")
+    n_test: int = _arg(256, "synthetic test problems")
+    data_seed: int = _arg(0, "seed of the synthetic dataset")
+    seed: int = _arg(0, "model init and batch order")
+    template: str = _arg("math", "prompt template the warm start is trained on")
+    vocab_size: int = _arg(1024, "BPE vocabulary incl. special tokens")
+    batch_size: int = _arg(32, "problems per SFT step")
+    lr: float = _arg(1e-3, "AdamW learning rate (constant after warmup)")
+    warmup_steps: int = _arg(10, "linear lr warmup")
+    max_steps: int = _arg(600, "SFT steps at most")
+    eval_every: int = _arg(25, "steps between evaluations on the test split")
+    band_low: float = _arg(0.25, "lowest greedy test accuracy a chosen checkpoint may have")
+    band_high: float = _arg(0.50, "highest greedy test accuracy a chosen checkpoint may have (>= 15 points left for RL)")
+    min_format: float = _arg(0.90, "lowest format rate a chosen checkpoint may have")
+    max_new_tokens: int = _arg(32, "completion length at evaluation")
+    threads: int = _arg(2, "torch threads (2-core machines: more is slower)")
 
 
 def target_text(problem, answer_style: str) -> str:
@@ -215,8 +220,9 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> WarmstartArgs:
     parser = argparse.ArgumentParser(prog="fastrl warmstart", description=__doc__.split("\n\n")[0])
-    for name, default in asdict(WarmstartArgs()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    for spec in fields(WarmstartArgs):
+        parser.add_argument(f"--{spec.name.replace('_', '-')}", type=type(spec.default), default=spec.default,
+                            help=f"{spec.metadata['help']} (default: {spec.default})")
     return WarmstartArgs(**vars(parser.parse_args(argv)))
 
 

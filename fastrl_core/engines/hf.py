@@ -1,7 +1,8 @@
 """Rollout engine on HF `generate` (CPU or GPU): sampled tokens, behaviour log-probs and lm_head sketches in one pass,
 and the re-scoring forward the trainer runs for the policy, old and reference log-probs.
 
-Each distinct prompt's image is encoded ONCE per call and its visual embeddings are shared by all of that prompt's
+Works with Qwen-VL-family models (Qwen2-VL, Qwen2.5-VL: pixel patches + `image_grid_thw` + 3-D mRoPE), the
+embedded tiny one included. Each distinct prompt's image is encoded ONCE per call and its visual embeddings are shared by all of that prompt's
 rollouts: the vision tower runs on the P prompt images, and the N-row batch gets them through transformers'
 `mm_encoder_outputs` (pre-encoded image features, one entry per row, rows of a prompt pointing at the same
 tensor), with `image_grid_thw` / `mm_token_type_ids` expanded so the 3-D mRoPE positions are the usual ones.
@@ -106,6 +107,11 @@ class HFEngine:
         images = [load_image(problem.image_path) for problem in problems]  # clear error naming a missing file
         processor.tokenizer.padding_side = "left"
         encoded = processor(text=texts, images=images, padding=True, return_tensors="pt")
+        if "image_grid_thw" not in encoded or "mm_token_type_ids" not in encoded:
+            raise ValueError(
+                f"HFEngine needs a Qwen-VL-style processor (pixel patches + image_grid_thw + mm_token_type_ids); "
+                f"{type(processor).__name__} returned {sorted(encoded)}"
+            )
         grid = encoded["image_grid_thw"]
         patches = grid.prod(dim=-1).tolist()
         batch = PromptBatch(

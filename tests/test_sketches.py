@@ -35,7 +35,7 @@ def upper(gram: torch.Tensor, offset: int) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def policy():
-    """A tiny Qwen2 trained ~1.5 s on a fixed low-entropy bigram language, then 16 sampled rollouts of one prompt.
+    """A tiny Qwen2 trained briefly (120 Adam steps, ~3 s) on a fixed low-entropy bigram language, then 16 sampled rollouts of one prompt.
 
     Random init gives near-uniform next-token distributions (all rollouts share almost no tokens, every gradient is
     nearly orthogonal to every other one): unlike a real policy. Training on text from a peaked bigram "teacher"
@@ -61,7 +61,7 @@ def policy():
 
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(120):
-        batch = teacher_text(32, 32)
+        batch = teacher_text(16, 32)
         loss = model(batch, labels=batch).loss
         optimizer.zero_grad()
         loss.backward()
@@ -126,8 +126,9 @@ def test_gram_of_default_sketch_correlates_with_exact_gradient_gram(policy, exac
     exact_gram, sketch_gram = exact_gradients @ exact_gradients.T, scaled @ scaled.T
     assert pearson(upper(exact_gram, 0), upper(sketch_gram, 0)) >= 0.9
     # Off-diagonal entries alone (the similarities a diversity pruner reads) are harder: the exact gradients' mean
-    # |cosine| here is 0.07, near the ~1/√D noise of ANY 256-dim random projection. Measured over 20 seeds:
-    # this sketch 0.68 (min 0.52); a dense i.i.d. Gaussian projection of the exact V·d gradient 0.75 (min 0.45).
+    # |cosine| here is 0.08, near the ~1/√D noise of ANY 256-dim random projection. Over projection seeds 0-19:
+    # all entries 0.966 (min 0.940), off-diagonal 0.78 (min 0.54); a dense i.i.d. Gaussian 256-dim projection of the
+    # exact V·d gradients, for comparison: 0.989 / 0.86 (min 0.77). Seed 0 (default): 0.979 / 0.90.
     assert pearson(upper(exact_gram, 1), upper(sketch_gram, 1)) >= 0.6
 
 
@@ -180,7 +181,7 @@ def reference_sketch(hidden, logits, tokens, mask, projection, top_k):
                 continue
             probs = logits[i, t].double().softmax(-1)
             keep = torch.zeros_like(probs, dtype=torch.bool)
-            keep[probs.topk(min(top_k, probs.numel())).indices] = True
+            keep[probs.topk(probs.numel() if top_k is None else min(top_k, probs.numel())).indices] = True
             keep[tokens[i, t]] = True
             u = torch.where(keep, -probs, torch.zeros_like(probs))
             u[tokens[i, t]] += 1.0
@@ -191,7 +192,7 @@ def reference_sketch(hidden, logits, tokens, mask, projection, top_k):
 
 @settings(max_examples=25, deadline=None)
 @given(batch=st.integers(1, 4), length=st.integers(1, 6), vocab=st.integers(2, 40), width=st.integers(1, 8),
-       top_k=st.integers(1, 50), sketch_dim=st.sampled_from([1, 4, 6, 16]), seed=st.integers(0, 2**16))
+       top_k=st.one_of(st.none(), st.integers(1, 50)), sketch_dim=st.sampled_from([1, 4, 6, 16]), seed=st.integers(0, 2**16))
 def test_vectorised_sketch_matches_reference_loop_and_streaming(batch, length, vocab, width, top_k, sketch_dim, seed):
     generator = torch.Generator().manual_seed(seed)
     logits = 3.0 * torch.randn(batch, length, vocab, generator=generator)
@@ -210,8 +211,9 @@ def test_vectorised_sketch_matches_reference_loop_and_streaming(batch, length, v
 
 def test_top_k_at_vocab_size_is_the_unrestricted_sketch(policy):
     args = (policy["hidden"], policy["logits"].detach(), policy["tokens"], policy["mask"], make_projection(VOCAB, HIDDEN))
-    full = lm_head_sketch(*args, top_k=VOCAB)
-    torch.testing.assert_close(lm_head_sketch(*args, top_k=10 * VOCAB), full)
+    full = lm_head_sketch(*args, top_k=None)
+    torch.testing.assert_close(lm_head_sketch(*args, top_k=VOCAB), full)
+    torch.testing.assert_close(lm_head_sketch(*args, top_k=VOCAB - 1), full, rtol=1e-3, atol=1e-4)  # top-k path
     torch.testing.assert_close(full, reference_sketch(*args, top_k=VOCAB), rtol=1e-4, atol=1e-5)
     assert not torch.allclose(lm_head_sketch(*args, top_k=8), full, rtol=1e-3, atol=1e-4)
 

@@ -1,13 +1,17 @@
 """The dashboard: hand-computed summaries, the PCA / background-UMAP map, and every page under AppTest.
 
-The page tests read a store written through RunWriter: two finished runs (FastRL and a plain-GRPO baseline, with
-evaluations placed so the speed-up is known by hand) and one live run. Rows come from the store's synthetic
-steps with a real pruning rule applied (zero advantage -> ZERO_ADVANTAGE, beyond the top-4 |A| -> REDUNDANT).
+Every page is rendered on a store made by two real short training runs (`python -m fastrl_core.cli train`, a
+FastRL run and a plain-GRPO baseline) and checked against what the store's readers return. Exact figures (time
+to target, speed-up) are checked on a second store written through RunWriter, whose evaluations are placed so
+the answer is known by hand; its rows are the store's synthetic steps with a real keep rule applied (zero
+advantage -> ZERO_ADVANTAGE, beyond the top-4 |A| -> REDUNDANT).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +30,11 @@ from fastrl_core import store
 from fastrl_core.store.synthetic import synthetic_step
 
 MAIN = str(Path(app.__file__).parent / "main.py")
+REPO = Path(__file__).resolve().parent.parent
+# A short real run: 6 steps of 8 prompts x 6 rollouts on the synthetic task, evaluated every 3 steps. One
+# thread: with 2 threads on 2 shared cores this run took 59 s instead of 7 s.
+SHORT_RUN = ["steps=6", "prompts_per_step=8", "rollouts_per_prompt=6", "eval_every=3", "eval_size=32",
+             "synthetic_train=256", "synthetic_test=32", "checkpoint_every=0", "threads=1"]
 STEPS = 12
 RATES = {"grpo": 1.0, "fastrl": 0.5}  # training seconds per step
 EVALS = {"grpo": [(0, 0.30), (4, 0.40), (8, 0.50), (11, 0.60)],
@@ -85,19 +94,48 @@ def write_run(root: Path, kind: str, *, steps: int = STEPS, finish: bool = True)
     return writer
 
 
+def training_model(root: Path) -> str:
+    """The shipped warm start ("embedded") when the checkout has it, else a quick real warm start (40 SFT steps,
+    ~20 s) made under `root`, so the runs below always train a real model."""
+    from fastrl_core.policy import EMBEDDED_DIR
+
+    if (EMBEDDED_DIR / "config.json").is_file():
+        return "embedded"
+    out = root / "warmstart"
+    if not (out / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "fastrl_core.warmstart", "--out", str(out), "--data-dir",
+                        str(root / "warmstart-data"), "--max-steps", "40", "--eval-every", "20", "--n-train", "512",
+                        "--n-test", "64", "--threads", "1"], check=True, cwd=REPO, capture_output=True)
+    return str(out)
+
+
+def train_command(store_dir: Path, model: str, name: str, *overrides: str) -> list[str]:
+    pruner = ["pruner=none", "budget=fixed"] if name == "grpo" else ["pruner=fastrl", "budget=adaptive"]
+    return [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+            f"model={model}", f"store_dir={store_dir}", f"run_name={name}", *SHORT_RUN, *pruner, *overrides]
+
+
 @pytest.fixture(scope="session")
-def store_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("app_store")
+def trained(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A store with two real training runs: FastRL (pruner fastrl, adaptive budget) and GRPO (no pruning)."""
+    root = tmp_path_factory.mktemp("trained")
+    model = training_model(tmp_path_factory.getbasetemp())
+    for name in ("fastrl", "grpo"):
+        done = subprocess.run(train_command(root, model, name), cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+    runs = store.read_runs(root)
+    return root, {row["name"]: row["run_id"] for _, row in runs.iterrows()}
+
+
+@pytest.fixture(scope="session")
+def designed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """RunWriter store whose evaluations make the time to target and the speed-up known by hand."""
+    root = tmp_path_factory.mktemp("designed")
     write_run(root, "grpo")
     time.sleep(1.1)  # run ids carry the second they started
     write_run(root, "fastrl")
-    return root
-
-
-@pytest.fixture(scope="session")
-def run_ids(store_dir) -> dict[str, str]:
-    runs = store.read_runs(store_dir)
-    return {row["name"]: row["run_id"] for _, row in runs.iterrows()}
+    runs = store.read_runs(root)
+    return root, {row["name"]: row["run_id"] for _, row in runs.iterrows()}
 
 
 def open_page(monkeypatch, store_dir: Path, page: str | None, **params: str) -> AppTest:
@@ -255,10 +293,9 @@ def test_empty_store_says_how_to_start_on_every_page(monkeypatch, tmp_path):
         assert "No runs in the store" in texts(at), page
 
 
-def test_runs_page_lists_runs_and_compares_with_the_hand_computed_speedup(monkeypatch, store_dir, run_ids):
+def test_runs_page_compares_with_the_hand_computed_speedup(monkeypatch, designed):
+    store_dir, run_ids = designed
     at = open_page(monkeypatch, store_dir, None)
-    listed = at.dataframe[0].value
-    assert set(listed["run"]) == set(run_ids.values()) and set(listed["status"]) == {"finished"}
     assert at.selectbox(key="compare_baseline").value == run_ids["grpo"]  # the pruner-none run
     assert at.slider(key="target").value == pytest.approx(0.60)  # GRPO's latest eval accuracy
     reach = at.dataframe[1].value.set_index("run")
@@ -268,23 +305,44 @@ def test_runs_page_lists_runs_and_compares_with_the_hand_computed_speedup(monkey
     at.slider(key="target").set_value(0.65).run()
     reach = at.dataframe[1].value.set_index("run")
     assert np.isnan(reach.loc[run_ids["grpo"], "seconds to target"])  # GRPO never got there
-    phases = [s for s in plotly_specs(at) if any(t.get("orientation") == "h" for t in s["data"])]
-    assert {t["name"] for t in phases[0]["data"]} == set(store.PHASES)
 
 
-def test_budget_page_draws_the_store_numbers(monkeypatch, store_dir, run_ids):
+def test_runs_page_on_real_runs(monkeypatch, trained):
+    store_dir, run_ids = trained
+    at = open_page(monkeypatch, store_dir, None)
+    listed = at.dataframe[0].value.set_index("run")
+    runs = store.read_runs(store_dir).set_index("run_id")
+    assert set(listed.index) == set(run_ids.values()) and set(listed["status"]) == {"finished"}
+    for run_id in run_ids.values():
+        assert listed.loc[run_id, "steps"] == runs.loc[run_id, "steps"] == 6
+        assert listed.loc[run_id, "best eval accuracy"] == pytest.approx(runs.loc[run_id, "best_accuracy"])
+    assert at.selectbox(key="compare_baseline").value == run_ids["grpo"]
+    reach = at.dataframe[1].value.set_index("run")
+    speedup = reach[f"speed-up vs {run_ids['grpo']}"]
+    expected = reach.loc[run_ids["grpo"], "seconds to target"] / reach["seconds to target"]
+    assert np.allclose(speedup, expected, equal_nan=True)
+    phases = next(s for s in plotly_specs(at) if any(t.get("orientation") == "h" for t in s["data"]))
+    steps = store.read_steps(store_dir, list(run_ids.values()))
+    measured = {p for p in store.PHASES if steps[f"time_{p}"].notna().any()}
+    assert {t["name"] for t in phases["data"]} == measured
+
+
+def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
+    store_dir, run_ids = trained
     at = open_page(monkeypatch, store_dir, "budget", run=run_ids["fastrl"])
     steps = store.read_steps(store_dir, run_ids["fastrl"])
     last = steps.iloc[-1]
     shown = metrics(at)
-    assert shown["Latest step"] == str(STEPS - 1)
+    assert shown["Latest step"] == "5"
     assert shown["Kept this step"] == f"{last['rollouts_kept']} / {last['rollouts_sampled']}"
     sampled_vs_kept = next(s for s in plotly_specs(at) if any(t.get("name") == "sampled" for t in s["data"]))
     kept_trace = next(t for t in sampled_vs_kept["data"] if t["name"].startswith("kept"))
     assert _values(kept_trace["y"]) == steps["rollouts_kept"].tolist()
     assert sampled_vs_kept["layout"]["uirevision"] == run_ids["fastrl"]  # zoom survives live redraws
+    rollouts = store.read_rollouts(store_dir, run_ids["fastrl"])
+    pruned = {analysis.reason_label(r) for r in rollouts.loc[~rollouts["kept"], "reason"]}
     reasons = next(s for s in plotly_specs(at) if s["layout"].get("barmode") == "relative")
-    assert {t["name"] for t in reasons["data"]} == {"zero advantage", "redundant"}
+    assert {t["name"] for t in reasons["data"]} == pruned
 
 
 def _values(encoded) -> list:
@@ -305,14 +363,15 @@ def test_budget_page_reads_a_new_step_of_a_live_run(monkeypatch, tmp_path):
     assert metrics(at)["Latest step"] == "3"
 
 
-def test_rollouts_deep_link_shows_that_group_and_filters_apply(monkeypatch, store_dir, run_ids):
+def test_rollouts_deep_link_shows_that_group_and_filters_apply(monkeypatch, trained):
+    store_dir, run_ids = trained
     run_id = run_ids["fastrl"]
-    groups = store.read_groups(store_dir, run_id, step=5)
+    groups = store.read_groups(store_dir, run_id, step=4)
     prompt = analysis.pick_informative_group(groups)
-    group = store.read_rollouts(store_dir, run_id, step=5, prompt_id=prompt)
-    at = open_page(monkeypatch, store_dir, "rollouts", run=run_id, step="5", prompt=prompt)
+    group = store.read_rollouts(store_dir, run_id, step=4, prompt_id=prompt)
+    at = open_page(monkeypatch, store_dir, "rollouts", run=run_id, step="4", prompt=prompt)
     assert at.selectbox(key="rollouts_prompt").value == prompt
-    assert at.select_slider(key="rollouts_step").value == 5
+    assert at.select_slider(key="rollouts_step").value == 4
     assert at.get("image"), "the prompt image is shown"
     table = at.dataframe[0].value
     assert len(table) == len(group)
@@ -320,43 +379,57 @@ def test_rollouts_deep_link_shows_that_group_and_filters_apply(monkeypatch, stor
     n_kept = int(group["kept"].sum())
     assert f"{len(group)} rollouts sampled, **{n_kept} kept**" in texts(at)
     at.radio(key="rollouts_kept").set_value("no").run()
-    assert set(at.dataframe[0].value["status"]) == {"pruned"} and len(at.dataframe[0].value) == len(group) - n_kept
-    assert at.query_params["prompt"] == prompt and at.query_params["step"] == "5"
+    assert len(at.dataframe[0].value) == len(group) - n_kept
+    assert set(at.dataframe[0].value["status"]) <= {"pruned"}
+    assert at.query_params["prompt"] == prompt and at.query_params["step"] == "4"
     at.radio(key="rollouts_kept").set_value("all").run()
-    at.multiselect(key="rollouts_reason").set_value(["ZERO_ADVANTAGE"]).run()
-    assert set(at.dataframe[0].value["reason"]) <= {"zero advantage"}
+    reason = group["reason"].iloc[0]
+    at.multiselect(key="rollouts_reason").set_value([reason]).run()
+    assert len(at.dataframe[0].value) == int((group["reason"] == reason).sum())
 
 
-def test_rollouts_page_every_prompt_view_has_image_urls(monkeypatch, store_dir, run_ids):
+def test_rollouts_page_every_prompt_view_has_image_urls(monkeypatch, trained):
+    store_dir, run_ids = trained
     at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="2", prompt="all")
     table = at.dataframe[0].value
     assert len(table) == len(store.read_rollouts(store_dir, run_ids["fastrl"], step=2))
     assert table["image"].str.startswith("data:image/png;base64,").all()
-    at.radio(key="rollouts_correct").set_value("yes").run()
-    assert len(at.dataframe[0].value) == len(store.read_rollouts(store_dir, run_ids["fastrl"], step=2, correct=True))
+    at.radio(key="rollouts_correct").set_value("no").run()
+    assert len(at.dataframe[0].value) == len(store.read_rollouts(store_dir, run_ids["fastrl"], step=2, correct=False))
 
 
-def test_embeddings_page_maps_the_sketches_of_the_chosen_steps(monkeypatch, store_dir, run_ids):
+def test_embeddings_page_maps_the_sketches_of_the_chosen_steps(monkeypatch, trained):
+    store_dir, run_ids = trained
     at = open_page(monkeypatch, store_dir, "embeddings", run=run_ids["fastrl"])
-    meta, _ = store.read_sketches(store_dir, run_ids["fastrl"], steps=range(STEPS - 5, STEPS))
+    meta, matrix = store.read_sketches(store_dir, run_ids["fastrl"], steps=range(1, 6))  # the last 5 steps
+    assert len(meta) > 0 and matrix.shape[1] > 0
     spec = plotly_specs(at)[0]
     assert sum(len(t["customdata"]) for t in spec["data"]) == len(meta)
-    assert {t["name"] for t in spec["data"]} == {"kept", "pruned"}
+    assert {t["name"] for t in spec["data"]} <= {"kept", "pruned"}
     assert spec["layout"]["dragmode"] == "select"
     assert "Select points on the map" in texts(at)
     at.radio(key="map_colour").set_value("advantage").run()
     assert not at.exception
 
 
-def test_demo_page_tells_the_story_with_the_measured_speedup(monkeypatch, store_dir, run_ids):
+def test_demo_page_tells_the_story_on_real_runs(monkeypatch, trained):
+    store_dir, run_ids = trained
     at = open_page(monkeypatch, store_dir, "demo")
+    assert at.selectbox(key="picker_run").value == run_ids["fastrl"]
+    story = texts(at)
+    assert "What pruning does to one group" in story and "Speed and accuracy against GRPO" in story
+    assert at.get("image"), "the group's prompt image is shown"
+    evals = store.read_evals(store_dir, list(run_ids.values())).groupby("run_id")["accuracy"].last()
     shown = metrics(at)
+    assert shown["FastRL accuracy"] == f"{evals[run_ids['fastrl']]:.1%}"
+    assert shown["GRPO accuracy"] == f"{evals[run_ids['grpo']]:.1%}"
+
+
+def test_demo_page_shows_the_hand_computed_speedup(monkeypatch, designed):
+    store_dir, run_ids = designed
+    shown = metrics(open_page(monkeypatch, store_dir, "demo"))
     assert shown["Speed-up to GRPO's accuracy"] == f"{SPEEDUP:.2f}×"
     assert shown["FastRL accuracy"] == "66.0%" and shown["GRPO accuracy"] == "60.0%"
-    story = texts(at)
-    assert "What pruning does to one group" in story and "pruned" in story
-    assert "greedy accuracy on the held-out split" in story
-    assert at.get("image"), "the group's prompt image is shown"
 
 
 def test_demo_page_without_a_baseline_says_so(monkeypatch, tmp_path):

@@ -99,13 +99,15 @@ def group_bars(group: pd.DataFrame, *, revision: str) -> go.Figure:
         colour = KEPT_COLOURS[status]
         fig.add_bar(x=part["n"], y=part["advantage"], width=0.08, marker_color=colour, showlegend=False,
                     hoverinfo="skip")
-        fig.add_scatter(x=part["n"], y=part["advantage"], mode="markers+text", name=status,
-                        marker=dict(size=14, color=colour, line=dict(color="white", width=1)),
-                        text=[f"r={r:.2f}" for r in part["reward"]], textposition="middle right",
+        fig.add_scatter(x=part["n"], y=part["advantage"], mode="markers+text" if len(group) <= 10 else "markers",
+                        name=status, marker=dict(size=14, color=colour, line=dict(color="white", width=1)),
+                        text=[f"r={r:.2f}" for r in part["reward"]], textfont=dict(size=10),
+                        textposition=["top center" if a >= 0 else "bottom center" for a in part["advantage"]],
                         customdata=part["reason"].fillna("—"),
                         hovertemplate="advantage %{y:+.2f}<br>%{text}<br>%{customdata}<extra></extra>")
-    fig.update_xaxes(title="rollout", dtick=1)
-    fig.update_yaxes(title="advantage", zeroline=False)
+    fig.update_xaxes(title="rollout (hover for reward and reason)", dtick=1, range=[-0.7, len(group) - 0.3])
+    low, high = float(group["advantage"].min()), float(group["advantage"].max())
+    fig.update_yaxes(title="advantage", zeroline=False, range=[min(low, 0) - 0.5, max(high, 0) + 0.5])
     return _style(fig, revision=revision, height=280)
 
 

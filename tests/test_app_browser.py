@@ -1,4 +1,4 @@
-"""End to end: a run writing steps in the background, the app served by `app.launch.serve`, headless Chromium.
+"""End to end: a real training run in the background, the app served by `app.launch.serve`, headless Chromium.
 
 Checks that a new step appears on the Budget page without a reload, that a box selection on the Embeddings map
 shows the selected rollouts with their images, and that a Rollouts deep link opens its group; saves screenshots
@@ -7,15 +7,13 @@ of every page to docs/screenshots/. Needs Debian's chromium (`make test` install
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from test_app_pages import REPO, train_command, training_model
 
 from app.launch import serve
 from fastrl_core import store
@@ -25,53 +23,16 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is absent (apt-get install chromium)")]
 
-# A run that writes one step every `pause` seconds through RunWriter: the store's synthetic steps with the
-# keep rule applied (zero advantage pruned, at most 4 kept per group), as the trainer would write them.
-WRITER = textwrap.dedent("""
-    import sys, time
-    from fastrl_core.store import RunWriter
-    from fastrl_core.store.synthetic import synthetic_step
-    store_dir, name, steps, pause = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-    pruner = "none" if name == "grpo" else "fastrl"
-    writer = RunWriter(store_dir, name=name, config={"steps": steps}, model="embedded", dataset="synthetic",
-                       objective="grpo", pruner=pruner, budget="fixed" if pruner == "none" else "adaptive")
-    pngs, clock = {}, 0.0
-    for step in range(steps):
-        kw = synthetic_step(step, prompts=16, rollouts_per_prompt=8, sketch_dim=64, dataset_size=48, pngs=pngs)
-        groups = {}
-        for row in kw["rollouts"]:
-            groups.setdefault(row["prompt_id"], []).append(row)
-        for rows in groups.values():
-            ranked = sorted((r for r in rows if abs(r["advantage"]) > 1e-6), key=lambda r: -abs(r["advantage"]))
-            top = {id(r) for r in ranked[:4]} if pruner != "none" else {id(r) for r in rows}
-            for row in rows:
-                row["kept"] = id(row) in top
-                row["weight"] = 1.0 if row["kept"] else None
-                row["reason"] = "KEPT" if row["kept"] else (
-                    "ZERO_ADVANTAGE" if abs(row["advantage"]) <= 1e-6 else "REDUNDANT")
-        for group in kw["groups"]:
-            group["kept"] = sum(r["kept"] for r in groups[group["prompt_id"]])
-        kw["step_row"]["rollouts_kept"] = sum(r["kept"] for r in kw["rollouts"])
-        clock += 2.0 if pruner == "none" else 1.0
-        kw["step_row"]["wall_time"] = clock
-        writer.write_step(step, **kw)
-        if step % 5 == 0 or step == steps - 1:
-            accuracy = 0.3 + (0.4 if pruner == "none" else 0.5) * step / steps
-            writer.write_eval(step, "test", accuracy, 256, wall_time=clock)
-        time.sleep(pause)
-    writer.finish()
-""")
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def start_run(store_dir: Path, name: str, steps: int, pause: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(store_dir), name, str(steps), str(pause)],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+def start_run(store_dir: Path, model: str, name: str, steps: int) -> subprocess.Popen:
+    """A real training run (`python -m fastrl_core.cli train`) in the background."""
+    return subprocess.Popen(train_command(store_dir, model, name, f"steps={steps}"), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
@@ -86,17 +47,17 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A finished GRPO baseline, then a live FastRL run writing a step every 1.5 s, and the app on them."""
+    """A finished real GRPO run, then a real FastRL run training in the background, and the app on them."""
     store_dir = tmp_path_factory.mktemp("browser_store")
-    baseline = start_run(store_dir, "grpo", 20, 0.0)
-    assert baseline.wait(120) == 0
-    live = start_run(store_dir, "fastrl", 200, 1.5)
+    model = training_model(tmp_path_factory.getbasetemp())
+    baseline = start_run(store_dir, model, "grpo", 10)
+    assert baseline.wait(300) == 0, baseline.stderr.read()[-3000:]
+    live = start_run(store_dir, model, "fastrl", 1000)  # stopped at teardown
     port = free_port()
     app = serve(store_dir, port=port, timeout=90)
     try:
-        wait_for(lambda: len(store.read_runs(store_dir)) == 2 and store.latest_step(
-            store_dir, store.read_runs(store_dir).sort_values("started")["run_id"].iloc[-1]) is not None,
-            60, "the live run's first step")
+        wait_for(lambda: live_run_id(store_dir) and store.latest_step(store_dir, live_run_id(store_dir)) is not None,
+                 120, "the live run's first step")
         yield store_dir, f"http://127.0.0.1:{port}"
     finally:
         for process in (live, app):
@@ -123,9 +84,10 @@ def metric_value(page, label: str) -> str:
         "[data-testid='stMetricValue']").inner_text()
 
 
-def live_run_id(store_dir: Path) -> str:
+def live_run_id(store_dir: Path) -> str | None:
     runs = store.read_runs(store_dir)
-    return runs.loc[runs["pruner"] == "fastrl", "run_id"].iloc[0]
+    live = runs.loc[runs["pruner"] == "fastrl", "run_id"]
+    return live.iloc[0] if len(live) else None
 
 
 def test_budget_page_shows_new_steps_live_without_reload(served, page):
@@ -140,7 +102,6 @@ def test_budget_page_shows_new_steps_live_without_reload(served, page):
     assert page.evaluate("window.__no_reload_marker") == 42, "the page was reloaded"
     page.wait_for_selector(".js-plotly-plot")
     assert page.locator("[data-testid='stException']").count() == 0
-    page.screenshot(path=str(SCREENSHOTS / "budget.png"))
 
 
 def test_box_selection_on_the_map_shows_the_rollouts_with_images(served, page):
@@ -178,6 +139,7 @@ def test_rollouts_deep_link_and_the_other_pages_render(served, page):
     assert page.locator("[data-testid='stImage'] img").count() >= 1
     page.screenshot(path=str(SCREENSHOTS / "rollouts.png"))
     for name, path, marker in (("runs", "", "Time to a target accuracy"),
+                               ("budget", f"budget?run={run_id}", "Per-prompt budget"),
                                ("demo", "demo", "Speed and accuracy against GRPO")):
         page.goto(f"{url}/{path}")
         page.wait_for_selector(f"text={marker}")

@@ -89,7 +89,7 @@ def map_and_selection() -> None:
                     st.image(png, width="stretch")
                 status = ":green[kept]" if row["kept"] else f":red[pruned]: {analysis.reason_label(row['reason'])}"
                 st.markdown(f"{status}  \nA={row['advantage']:+.2f} · r={row['reward']:.2f}")
-                st.page_link("views/rollouts.py", label=f"step {row['step']} · {row['prompt_id']}",
+                st.page_link("views/rollouts.py", label=f"step {row['step']} group", help=row["prompt_id"],
                              query_params={"run": run_id, "step": str(row["step"]), "prompt": row["prompt_id"]})
 
 

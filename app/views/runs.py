@@ -1,5 +1,7 @@
 """Runs: every run in the store with its headline metrics, and a side-by-side comparison."""
 
+import math
+
 import pandas as pd
 import streamlit as st
 
@@ -76,8 +78,9 @@ def compare() -> None:
     st.subheader("Time to a target accuracy")
     base_curve = curves[curves["run_id"] == baseline]
     default_target = float(base_curve["accuracy"].iloc[-1]) if not base_curve.empty else 0.5
-    target = st.slider("Target accuracy", 0.0, 1.0, round(default_target, 2), 0.01, key="target",
-                       help="Defaults to the baseline's latest accuracy: how long each run took to get there.")
+    target = st.slider("Target accuracy", 0.0, 1.0, math.floor(default_target * 100 + 1e-9) / 100, 0.01,
+                       key="target", help="Defaults to the baseline's latest accuracy (rounded down to the slider's "
+                                          "0.01 steps): how long each run took to get there.")
     reach = analysis.time_to_target(curves, target).set_index("run_id").reindex(chosen)
     final = curves.groupby("run_id")["accuracy"].last().reindex(chosen)
     result = pd.DataFrame({"run": chosen, "steps to target": reach["step"].to_numpy(),
@@ -89,7 +92,7 @@ def compare() -> None:
         f"speed-up vs {baseline}": st.column_config.NumberColumn(format="%.2f×"),
         "latest accuracy": st.column_config.NumberColumn(format="%.3f"),
     })
-    st.caption("Blank: not reached (yet). Speed-up = the baseline's seconds to the target / the run's seconds.")
+    st.caption("None: not reached (yet). Speed-up = the baseline's seconds to the target / the run's seconds.")
 
     st.subheader("Time per phase")
     phases = analysis.phase_seconds(steps, data.PHASES)

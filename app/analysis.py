@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 
@@ -33,11 +31,6 @@ def pruned_reason(kept: bool, reason: object) -> str:
 def reason_text(reason: object) -> str:
     """A one-line explanation of a pruner's reason code (the code itself when unknown)."""
     return REASON_TEXT.get(str(reason).upper(), reason_label(reason))
-
-
-def run_label(run: pd.Series) -> str:
-    """`name · pruner/budget · run_id tail` for pickers and legends."""
-    return f"{run['run_id']} ({run['pruner']}, {run['budget']})"
 
 
 def run_status(run: pd.Series, now: pd.Timestamp, stale_after_s: float = 300.0) -> str:
@@ -154,14 +147,6 @@ def find_baseline(runs: pd.DataFrame, run_id: str) -> str | None:
         same = candidates[candidates["dataset"] == this.iloc[0]["dataset"]]
         candidates = same if not same.empty else candidates
     return str(candidates.sort_values("started", ascending=False).iloc[0]["run_id"])
-
-
-def config_value(run: pd.Series, key: str, default=None):
-    """One key of a run's JSON config (read_runs gives it as text)."""
-    try:
-        return json.loads(run["config"]).get(key, default)
-    except (TypeError, ValueError):
-        return default
 
 
 def filter_rollouts(rollouts: pd.DataFrame, *, prompt_id: str | None = None, kept: bool | None = None,

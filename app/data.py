@@ -23,7 +23,7 @@ from fastrl_core import store
 from fastrl_core.store import PHASES
 
 __all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
-           "budget_matrix", "sketches", "image_bytes", "image_data_url", "project"]
+           "budget_matrix", "sketches", "image_bytes", "image_data_url", "sketch_map", "project"]
 
 
 def store_dir() -> Path:
@@ -120,7 +120,8 @@ def rollout_steps(run_id: str, columns: tuple[str, ...] = ("step", "kept", "reas
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _sketches(store_key: str, run_id: str, steps: tuple[int, ...], limit: int | None) -> tuple[pd.DataFrame, np.ndarray]:
+def _sketches(store_key: str, run_id: str, steps: tuple[int, ...], limit: int | None
+              ) -> tuple[pd.DataFrame, np.ndarray]:
     return store.read_sketches(store_key, run_id, steps=list(steps), limit=limit)
 
 

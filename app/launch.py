@@ -6,7 +6,9 @@ anything the app spawns); see `app.data.store_dir`.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,12 @@ def streamlit_command(store_dir: Path, *, port: int, address: str) -> list[str]:
         "--browser.gatherUsageStats", "false",
         "--", "--store", str(Path(store_dir).resolve()),
     ]
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the app when the process that started it dies (even by SIGKILL), so no server is orphaned."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def wait_healthy(port: int, timeout: float = 60.0, *, address: str = "127.0.0.1",
@@ -58,14 +66,15 @@ def serve(store_dir: Path, *, port: int = 8501, address: str = "127.0.0.1", time
     """Start the app on `store_dir` at http://address:port and return once it is healthy.
 
     The app's output goes to `log_path` (default: a file in the temp directory named after the port);
-    on failure the error names that file and quotes its last lines. Stop it with `process.terminate()`.
+    on failure the error names that file and quotes its last lines. Stop it with `process.terminate()`; on
+    Linux it also stops when the calling process dies.
     """
     store_dir = Path(store_dir)
     log_path = Path(log_path or Path(tempfile.gettempdir()) / f"fastrl-app-{port}.log")
     env = {**os.environ, "FASTRL_STORE": str(store_dir.resolve())}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(streamlit_command(store_dir, port=port, address=address),
-                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+                                   stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
     try:
         wait_healthy(port, timeout, address=address, process=process)
     except (TimeoutError, RuntimeError) as error:

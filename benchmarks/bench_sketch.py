@@ -18,14 +18,15 @@ intermediate 256, vocab 1,100). Prompt 52 tokens + 32 generated = 84 tokens per 
 
 Two sketch settings: top-K 64 (the default) and unrestricted (top_k=None: a softmax and one (N, V) @ (V, 16)
 product instead of torch's CPU top-k, which costs ~10 µs a row and dominates at these sizes).
-Each row alternates base and base+sketch runs; "ratio" = median(base + sketch) / median(base) measured side by side,
-"added" = median(sketch alone on the same outputs) / median(base), the less noisy figure.
+Each row alternates base and base+sketch runs; "ratio" = best(base + sketch) / best(base) measured side by side,
+"added" = best(sketch alone on the same outputs) / best(base), the less noisy figure. Best = minimum over repeats
+(timeit's advice: on a shared machine noise only ever adds time). On a busy 2-core machine 2 threads mostly measure
+contention: pass --threads 1 there.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -54,7 +55,7 @@ def clock(fn) -> float:
 
 
 def side_by_side(base, sketches: list, repeats: int) -> tuple[float, list[float], list[float]]:
-    """Medians of base(), base() + sketch(output) and sketch(output) alone for each sketch; runs interleaved."""
+    """Minimum times of base(), base() + sketch(output) and sketch(output) alone for each sketch; interleaved."""
     output = base()
     for sketch in sketches:
         sketch(output)  # warm-up
@@ -64,8 +65,7 @@ def side_by_side(base, sketches: list, repeats: int) -> tuple[float, list[float]
         for i, sketch in enumerate(sketches):
             combined[i].append(clock(lambda: sketch(base())))
             alone[i].append(clock(lambda: sketch(output)))
-    median = statistics.median
-    return median(plain), [median(c) for c in combined], [median(a) for a in alone]
+    return min(plain), [min(c) for c in combined], [min(a) for a in alone]
 
 
 def stream(outputs, projection, top_k) -> torch.Tensor:
@@ -93,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, prompt {PROMPT_LEN} + {NEW_TOKENS} new tokens, "
-          f"sketch D 256 (16 x 16); times are medians in ms")
+          f"sketch D 256 (16 x 16); times are minima over repeats, in ms")
     header = (f"{'model':26} {'pass':15} {'B':>4} {'base':>7} | {'top-64: ratio':>13} {'added':>6} "
               f"| {'unrestricted: ratio':>19} {'added':>6}")
     print(header)

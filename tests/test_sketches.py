@@ -272,6 +272,8 @@ def test_shape_and_projection_errors_name_the_problem(policy):
         lm_head_sketch(hidden, logits, tokens[:, :3], mask, make_projection(VOCAB, HIDDEN))
     with pytest.raises(ValueError, match="B = 3"):
         LmHeadSketcher(3, make_projection(VOCAB, HIDDEN)).update(hidden[:, 0], logits[:, 0], tokens[:, 0], mask[:, 0])
+    with pytest.raises(ValueError, match="top_k must be ≥ 1 or None"):
+        lm_head_sketch(hidden, logits, tokens, mask, make_projection(VOCAB, HIDDEN), top_k=0)
     with pytest.raises(ValueError, match="advantages"):
         scale_sketches(torch.ones(4, 8), torch.ones(3))
 

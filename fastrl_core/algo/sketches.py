@@ -115,8 +115,9 @@ def _vocab_factor(logits: Tensor, tokens: Tensor, output: Tensor, top_k: int | N
     u has −p_j on the top-K ids and 1 − p_y on y, whether or not y is among them:
     R_oᵀ u = (1 − [y ∉ top-K] p_y) R_o[y] − Σ_{j ∈ top-K} p_j R_o[j]  (one logsumexp, one top-k, an embedding-bag
     sum of K rows; no V-sized one-hot). Unrestricted (top_k None or ≥ V): R_oᵀ u = R_o[y] − softmax(z) @ R_o, which
-    on CPU is ~20x cheaper than a top-64 at V ~ 1,000 (torch's CPU top-k costs ~10 µs a row); at V ~ 150k the
-    top-k path is the cheaper one and never materialises an (N, V) softmax.
+    on CPU was 8-30x cheaper than a top-64 at V ~ 1,000 (torch's CPU top-k costs ~5-10 µs a row,
+    benchmarks/bench_sketch.py); at V ~ 150k the top-k path was the cheaper one and it never materialises an (N, V)
+    softmax.
     """
     logits = logits.float()
     if top_k is None or top_k >= logits.shape[-1]:

@@ -60,7 +60,8 @@ class TrainConfig:
     # -- FastRL
     sketch: str = _f("lm_head", "gradient sketch: lm_head, logprob, tokens")
     sketch_dim: int = _f(256, "gradient sketch dimension")
-    sketch_top_k: int = _f(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the sketch")
+    sketch_top_k: int = _f(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the sketch; "
+                               "0 = the whole vocabulary (exact, and cheapest for small vocabularies)")
     pruner: str = _f("fastrl", "rollout pruner: none, dapo_filter, cppo, pods, fastrl_official, fastrl")
     pruner_args: dict = _f({}, "keyword arguments of the pruner")
     keep_ratio: float = _f(0.5, "largest fraction of each group the pruner keeps")

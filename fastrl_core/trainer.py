@@ -108,12 +108,13 @@ def make_engine(config: TrainConfig, policy, projection):
 
         return HFEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                         temperature=config.temperature, sketch_projection=projection,
-                        sketch_top_k=config.sketch_top_k)
+                        sketch_top_k=config.sketch_top_k or None)
     if config.engine == "vllm":
         from fastrl_core.engines.vllm import VLLMEngine
 
         return VLLMEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
-                          temperature=config.temperature, sketch_projection=projection)
+                          temperature=config.temperature, sketch_projection=projection,
+                          sketch_top_k=config.sketch_top_k or 20)
     raise ValueError(f"unknown engine {config.engine!r}; choose 'hf' or 'vllm'")
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_app_pages import REPO, train_command, training_model
+from test_app_pages import REPO, train_command
 
 from app.launch import serve
 from fastrl_core import store
@@ -29,9 +29,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_run(store_dir: Path, model: str, name: str, steps: int) -> subprocess.Popen:
+def start_run(store_dir: Path, name: str, steps: int) -> subprocess.Popen:
     """A real training run (`python -m fastrl_core.cli train`) in the background."""
-    return subprocess.Popen(train_command(store_dir, model, name, f"steps={steps}"), cwd=REPO,
+    return subprocess.Popen(train_command(store_dir, name, f"steps={steps}"), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -49,10 +49,9 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
 def served(tmp_path_factory):
     """A finished real GRPO run, then a real FastRL run training in the background, and the app on them."""
     store_dir = tmp_path_factory.mktemp("browser_store")
-    model = training_model(tmp_path_factory.getbasetemp())
-    baseline = start_run(store_dir, model, "grpo", 10)
+    baseline = start_run(store_dir, "grpo", 10)
     assert baseline.wait(300) == 0, baseline.stderr.read()[-3000:]
-    live = start_run(store_dir, model, "fastrl", 1000)  # stopped at teardown
+    live = start_run(store_dir, "fastrl", 1000)  # stopped at teardown
     port = free_port()
     app = serve(store_dir, port=port, timeout=90)
     try:
@@ -122,8 +121,8 @@ def test_box_selection_on_the_map_shows_the_rollouts_with_images(served, page):
     page.mouse.up()
     page.wait_for_selector("text=selected rollouts", timeout=30_000)
     images = page.locator("[data-testid='stImage'] img")
-    wait_for(lambda: images.count() > 0, 20, "the selected rollouts' images")
-    assert images.first.evaluate("img => img.complete && img.naturalWidth > 0")
+    wait_for(lambda: images.count() > 0 and images.first.evaluate("img => img.complete && img.naturalWidth > 0"),
+             30, "the selected rollouts' images to load")
     assert page.locator("[data-testid='stException']").count() == 0
     page.screenshot(path=str(SCREENSHOTS / "embeddings.png"))
 

@@ -94,34 +94,19 @@ def write_run(root: Path, kind: str, *, steps: int = STEPS, finish: bool = True)
     return writer
 
 
-def training_model(root: Path) -> str:
-    """The shipped warm start ("embedded") when the checkout has it, else a quick real warm start (40 SFT steps,
-    ~20 s) made under `root`, so the runs below always train a real model."""
-    from fastrl_core.policy import EMBEDDED_DIR
-
-    if (EMBEDDED_DIR / "config.json").is_file():
-        return "embedded"
-    out = root / "warmstart"
-    if not (out / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "fastrl_core.warmstart", "--out", str(out), "--data-dir",
-                        str(root / "warmstart-data"), "--max-steps", "40", "--eval-every", "20", "--n-train", "512",
-                        "--n-test", "64", "--threads", "1"], check=True, cwd=REPO, capture_output=True)
-    return str(out)
-
-
-def train_command(store_dir: Path, model: str, name: str, *overrides: str) -> list[str]:
+def train_command(store_dir: Path, name: str, *overrides: str) -> list[str]:
+    """`fastrl train` on the embedded default (the shipped warm start), FastRL or the plain-GRPO baseline."""
     pruner = ["pruner=none", "budget=fixed"] if name == "grpo" else ["pruner=fastrl", "budget=adaptive"]
     return [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
-            f"model={model}", f"store_dir={store_dir}", f"run_name={name}", *SHORT_RUN, *pruner, *overrides]
+            f"store_dir={store_dir}", f"run_name={name}", *SHORT_RUN, *pruner, *overrides]
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A store with two real training runs: FastRL (pruner fastrl, adaptive budget) and GRPO (no pruning)."""
     root = tmp_path_factory.mktemp("trained")
-    model = training_model(tmp_path_factory.getbasetemp())
     for name in ("fastrl", "grpo"):
-        done = subprocess.run(train_command(root, model, name), cwd=REPO, capture_output=True, text=True)
+        done = subprocess.run(train_command(root, name), cwd=REPO, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
     runs = store.read_runs(root)
     return root, {row["name"]: row["run_id"] for _, row in runs.iterrows()}

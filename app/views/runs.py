@@ -92,7 +92,8 @@ def compare() -> None:
         f"speed-up vs {baseline}": st.column_config.NumberColumn(format="%.2f×"),
         "latest accuracy": st.column_config.NumberColumn(format="%.3f"),
     })
-    st.caption("None: not reached (yet). Speed-up = the baseline's seconds to the target / the run's seconds.")
+    st.caption("None: not reached (yet). Speed-up = the baseline's seconds to the target / the run's seconds "
+               "(undefined when the baseline was already there at its first evaluation).")
 
     st.subheader("Time per phase")
     phases = analysis.phase_seconds(steps, data.PHASES)

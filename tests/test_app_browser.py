@@ -2,13 +2,15 @@
 
 Checks that a new step appears on the Budget page without a reload, that a box selection on the Embeddings map
 shows the selected rollouts with their images, and that a Rollouts deep link opens its group; saves screenshots
-of every page to docs/screenshots/. Needs Debian's chromium (`make test` installs it) and Playwright's Python API.
+of every page (to $FASTRL_SCREENSHOTS, e.g. docs/screenshots, else a temp folder). Needs Debian's chromium (`make test` installs it) and Playwright's Python API.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from app.launch import serve
 from fastrl_core import store
 
 CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+# README's screenshots are refreshed with FASTRL_SCREENSHOTS=docs/screenshots; otherwise they go to a temp folder.
+SCREENSHOTS = Path(os.environ.get("FASTRL_SCREENSHOTS") or tempfile.mkdtemp(prefix="fastrl-screenshots-"))
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is absent (apt-get install chromium; `make test` does)")]
 

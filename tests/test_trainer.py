@@ -10,7 +10,7 @@ from fastrl_core.trainer import PromptSampler, Trainer
 
 def _config(store, **overrides):
     base = {"store_dir": str(store), "steps": 3, "prompts_per_step": 8, "rollouts_per_prompt": 6,
-            "eval_every": 0, "checkpoint_every": 0, "threads": 2, "synthetic_train": 256, "synthetic_test": 32,
+            "eval_every": 0, "checkpoint_every": 0, "threads": 1, "synthetic_train": 256, "synthetic_test": 32,
             "eval_size": 32, "lr": 5e-4, "warmup_steps": 1}
     base.update(overrides)
     return load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in base.items()])

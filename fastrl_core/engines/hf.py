@@ -66,7 +66,10 @@ def _first_true_inclusive_mask(is_end: Tensor) -> Tensor:
 
 
 class HFEngine:
-    """Samples rollouts with `policy.model.generate` and re-scores them with a forward pass."""
+    """Samples rollouts with `policy.model.generate` and re-scores them with a forward pass.
+
+    `sketch_projection`: a `SketchProjection` to accumulate lm_head sketches during generation (None: no sketches);
+    `sketch_top_k`: vocabulary entries per token in the sketch (None: the whole vocabulary)."""
 
     def __init__(
         self,
@@ -76,7 +79,7 @@ class HFEngine:
         max_new_tokens: int = 32,
         temperature: float = 1.0,
         sketch_projection=None,
-        sketch_top_k: int = 64,
+        sketch_top_k: int | None = 64,
         share_images: bool = True,
     ) -> None:
         if temperature <= 0:

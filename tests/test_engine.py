@@ -128,10 +128,14 @@ def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(policy, proble
     assert not torch.equal(first.completion_ids, other.completion_ids)
 
 
-def test_sketches_equal_the_batch_sketch_of_a_fresh_forward(sampled, policy, problems):
+@pytest.mark.parametrize("top_k", [16, None])
+def test_sketches_equal_the_batch_sketch_of_a_fresh_forward(sampled, policy, problems, top_k):
     """Generate's last hidden state is post-norm (lm_head(h) = logits), so the streamed sketch equals the sketch of
-    a fresh forward's hidden states and logits."""
+    a fresh forward's hidden states and logits (top-K restricted, or over the whole vocabulary)."""
     engine, rollouts = sampled
+    if top_k is None:
+        engine = HFEngine(policy, max_new_tokens=24, sketch_projection=engine.sketch_projection, sketch_top_k=None)
+        rollouts = engine.generate(problems, COUNTS, generator=torch.Generator().manual_seed(0))
     model = policy.model
     prompts = engine.prompt_batch(problems)
     index = rollouts.prompt_index
@@ -150,7 +154,7 @@ def test_sketches_equal_the_batch_sketch_of_a_fresh_forward(sampled, policy, pro
     logits = out.logits[:, -length - 1 : -1]
     torch.testing.assert_close(model.lm_head(hidden), logits)  # the last hidden state is the lm_head input
     expected = lm_head_sketch(hidden, logits, rollouts.completion_ids, rollouts.completion_mask,
-                              engine.sketch_projection, top_k=16)
+                              engine.sketch_projection, top_k=top_k)
     torch.testing.assert_close(rollouts.sketches, expected, atol=1e-4, rtol=1e-4)
 
 

@@ -158,7 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands with their own argument parser get the rest of the command line untouched.
+PASSTHROUGH = {"warmstart": _warmstart, "bench": _bench}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -143,7 +143,7 @@ class Trainer:
         self.answer_style = answer_style(config.template)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.budget_state = budget_init(config.budget, n=config.rollouts_per_prompt, **config.budget_args)
-        self.step, self.train_seconds = 0, 0.0
+        self.step, self.train_seconds, self._last_store_seconds = 0, 0.0, 0.0
         self._images: dict[str, tuple[str, bytes]] = {}
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
@@ -239,10 +239,13 @@ class Trainer:
             "zero_variance_groups": int((group_reward_std == 0).sum()), "lr": self.optimizer.param_groups[0]["lr"],
             "epoch_end": epoch_end, **metrics,
         }
-        with timer.phase("store"):
-            self._record(row, timer, problems, rollouts, rollout_problems, parts, advantages, decision, sketches,
-                         group_reward_mean, group_reward_std, sampled, kept_counts)
-        self.train_seconds += timer.seconds["store"]
+        # a step's own write cannot be in its own row: time_store is the previous step's write
+        timer.seconds["store"] = self._last_store_seconds
+        start = time.perf_counter()
+        self._record(row, timer, problems, rollouts, rollout_problems, parts, advantages, decision, sketches,
+                     group_reward_mean, group_reward_std, sampled, kept_counts)
+        self._last_store_seconds = time.perf_counter() - start
+        self.train_seconds += self._last_store_seconds
 
         # 10. budget: new state from this step's pruning decisions
         self.budget_state = budget_update(config.budget, self.budget_state, StepOutcome(

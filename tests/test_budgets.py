@@ -72,6 +72,18 @@ def test_adaptive_unseen_prompts_get_n_and_first_budget_is_n_per_prompt():
     assert sum(budget_allocate("adaptive", state, ["a", "b"])) == 16  # target 3 kept / rate 6/16 = 8 per prompt
 
 
+def test_adaptive_unseen_prompts_share_the_step_budget():
+    """target_kept 2 per prompt at a kept rate of 8/32 = 0.25: budget 2·2/0.25 = 16 for 2 prompts -> 8 each; with a
+    kept rate of 16/32 = 0.5 the same target needs only 4 per prompt, for unseen prompts too (first epoch)."""
+    state = budget_init("adaptive", n=8, target_kept=2.0)
+    state = budget_update("adaptive", state, outcome(["a", "b", "c", "d"], [2, 2, 2, 2]))
+    assert budget_allocate("adaptive", state, ["x", "y"]) == [8, 8]
+    state = budget_init("adaptive", n=8, target_kept=2.0)
+    state = budget_update("adaptive", state, outcome(["a", "b", "c", "d"], [4, 4, 4, 4]))
+    assert budget_allocate("adaptive", state, ["x", "y"]) == [4, 4]
+    assert budget_allocate("adaptive", state, ["a", "x"]) == [4, 4]  # seen prompts of equal value share alike
+
+
 def test_adaptive_step_budget_tracks_the_kept_rate():
     """Step 1: 4 prompts × 8, 8 kept: target_kept = 2 per prompt, rate 0.25 -> budget 4·2/0.25 = 32.
     Step 2: rate 4/32 = 0.125 -> EMA 0.8·0.25 + 0.2·0.125 = 0.225 -> budget round(8 / 0.225) = round(35.56) = 36."""

@@ -186,7 +186,9 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
 
     1. Step budget B = `step_budget`: when the pruner keeps fewer rollouts (more all-equal groups, more
        redundancy) sampling grows so that the update still sees ≈ target_kept kept rollouts per prompt.
-    2. Unseen prompts get n. Seen prompts start at n_min and share the rest of B (within n_max) by greedy
+    2. Unseen prompts get an even share B / P (n until the budget is known: in a large dataset most prompts of
+       the first epoch are unseen, and the step budget must act on them too). Seen prompts start at n_min and
+       share the rest of B (within n_max) by greedy
        marginal value, optimal here because each prompt's value is concave in its count:
            value_i(n) = w_i · (1 − p_i^n − (1 − p_i)^n),   w_i = p_i(1 − p_i) · streak_discount^streak_i.
        The first factor is the chance that n rollouts are not all equal, i.e. give a non-zero GRPO gradient, and
@@ -202,12 +204,14 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
        would repeat the non-zero-gradient factor. Ties go to the earlier prompt, then the smaller count.
     """
     params = state["params"]
-    n, n_min, n_max = params["n"], params["n_min"], params["n_max"]
+    n_min, n_max = params["n_min"], params["n_max"]
+    budget = step_budget(state, len(prompt_ids))
+    fresh = min(max(round(budget / max(len(prompt_ids), 1)), n_min), n_max)  # an unseen prompt's even share
     seen = [i for i, prompt in enumerate(prompt_ids) if prompt in state["prompts"]]
-    counts = [n] * len(prompt_ids)
+    counts = [fresh] * len(prompt_ids)
     if not seen:
         return counts
-    extra = step_budget(state, len(prompt_ids)) - n * (len(prompt_ids) - len(seen)) - n_min * len(seen)
+    extra = budget - fresh * (len(prompt_ids) - len(seen)) - n_min * len(seen)
     extra = min(max(extra, 0), len(seen) * (n_max - n_min))
     scale = _reward_scale(state)
     rates, weights = [], []

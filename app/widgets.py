@@ -38,6 +38,15 @@ def wait_for_runs() -> None:
     poll()
 
 
+def runs_or_wait() -> pd.DataFrame:
+    """Every run in the store; on an empty store, say so, wait for one and stop the page here."""
+    runs = data.runs()
+    if runs.empty:
+        wait_for_runs()
+        st.stop()
+    return runs
+
+
 def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run") -> pd.Series:
     """A sidebar run picker, defaulting to ?run= (deep links), then the last choice, then a live run, then the
     newest; the choice is written back to the URL."""

@@ -31,6 +31,7 @@ class TrainConfig:
     # -- model and data
     model: str = _f("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), a hub name or a local path")
     engine: str = _f("hf", "rollout engine: 'hf' (transformers generate, CPU or GPU) or 'vllm' (GPU only)")
+    device: str = _f("cpu", "device of the policy and the update: 'cpu' or 'cuda'")
     dataset: str = _f("synthetic", "'synthetic' (embedded geometry task), a problems.jsonl folder, a Parquet/JSONL file or a hub dataset")
     train_split: str = _f("train", "split used for training")
     test_split: str = _f("test", "split used for evaluation")

@@ -130,7 +130,7 @@ class Trainer:
         self.train_set, self.test_set = load_datasets(config)
         self.test_set = self.test_set[: config.eval_size]
         self.sampler = PromptSampler(len(self.train_set), config.prompts_per_step, config.seed)
-        self.policy = load_policy(config.model)
+        self.policy = load_policy(config.model, device=config.device)
         model = self.policy.model
         self.beta = float(config.objective_args.get("beta", 0.0))
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if self.beta > 0 else None
@@ -138,7 +138,7 @@ class Trainer:
         if config.pruner in SKETCH_PRUNERS and config.sketch == "lm_head":
             out = model.get_output_embeddings().weight
             self.projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim,
-                                              seed=config.seed)
+                                              seed=config.seed).to(out.device)
         self.engine = make_engine(config, self.policy, self.projection)
         self.answer_style = answer_style(config.template)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -217,9 +217,11 @@ class Trainer:
             if len(kept):
                 model.train()
                 logprobs = self.engine.token_logprobs(model, problems, rollouts, kept)
-                out = policy_loss(config.objective, logprobs, old_logprobs, advantages[kept],
-                                  rollouts.completion_mask[kept], ref_logprobs=ref_logprobs,
-                                  rollout_weights=decision.weights[kept], **config.objective_args)
+                on = logprobs.device  # the loss runs where the model is
+                out = policy_loss(config.objective, logprobs, old_logprobs.to(on), advantages[kept].to(on),
+                                  rollouts.completion_mask[kept].to(on),
+                                  ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(on),
+                                  rollout_weights=decision.weights[kept].to(on), **config.objective_args)
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)

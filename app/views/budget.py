@@ -5,10 +5,7 @@ import streamlit as st
 from app import analysis, charts, data, widgets
 
 st.title("Rollout budget")
-runs = data.runs()
-if runs.empty:
-    widgets.wait_for_runs()
-    st.stop()
+runs = widgets.runs_or_wait()
 run = widgets.pick_run(runs)
 run_id = run["run_id"]
 live = widgets.is_live(run)

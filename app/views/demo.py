@@ -6,10 +6,7 @@ import streamlit as st
 from app import analysis, charts, data, widgets
 
 st.title("FastRL in three steps")
-runs = data.runs()
-if runs.empty:
-    widgets.wait_for_runs()
-    st.stop()
+runs = widgets.runs_or_wait()
 pruned_runs = runs[runs["pruner"] != "none"]
 run = widgets.pick_run(pruned_runs if not pruned_runs.empty else runs, label="FastRL run")
 run_id = run["run_id"]

@@ -12,10 +12,7 @@ MAX_POINTS = 4096
 GRID_COLUMNS, GRID_MAX = 6, 24
 
 st.title("Gradient-sketch map")
-runs = data.runs()
-if runs.empty:
-    widgets.wait_for_runs()
-    st.stop()
+runs = widgets.runs_or_wait()
 run = widgets.pick_run(runs)
 run_id = run["run_id"]
 widgets.run_caption(run)

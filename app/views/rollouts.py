@@ -9,10 +9,7 @@ ALL = "— every prompt of the step —"
 CHOICES = {"all": None, "yes": True, "no": False}
 
 st.title("Rollouts")
-runs = data.runs()
-if runs.empty:
-    widgets.wait_for_runs()
-    st.stop()
+runs = widgets.runs_or_wait()
 run = widgets.pick_run(runs)
 run_id = run["run_id"]
 widgets.run_caption(run)

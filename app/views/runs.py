@@ -8,10 +8,7 @@ import streamlit as st
 from app import analysis, charts, data, widgets
 
 st.title("Runs")
-runs = data.runs()
-if runs.empty:
-    widgets.wait_for_runs()
-    st.stop()
+runs = widgets.runs_or_wait()
 
 st.caption(f"Store `{data.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "
            "training, evaluation excluded).")

@@ -1,0 +1,86 @@
+"""The command line: eval into the store, bench arguments, and `fastrl demo` (the README's main job) end to end."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastrl_core import store
+from fastrl_core.bench import METHODS, RunResult, baseline_of, summarise
+from fastrl_core.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+REAL = REPO.parent / "shared" / "data" / "geo-real-sample"
+
+
+@pytest.mark.skipif(not REAL.exists(), reason="../shared/data/geo-real-sample is absent")
+def test_eval_on_real_problems_writes_the_store(tmp_path, capsys):
+    assert main(["eval", "--dataset", str(REAL), "--limit", "6", "--store", str(tmp_path), "--batch-size", "6"]) == 0
+    assert "accuracy" in capsys.readouterr().out
+    runs = store.read_runs(tmp_path)
+    evals = store.read_evals(tmp_path, runs["run_id"].tolist())
+    assert evals["n"].tolist() == [6] and 0.0 <= evals["accuracy"].iloc[0] <= 1.0
+
+
+def test_train_rejects_an_unknown_key_with_the_valid_names():
+    with pytest.raises(KeyError, match="unknown config key 'stepz'; valid keys"):
+        main(["train", str(REPO / "configs" / "embedded.yaml"), "stepz=3"])
+
+
+def test_bench_rejects_unknown_methods_and_pairs_each_with_its_baseline(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--methods", "grpo,nope"])
+    assert "unknown method" in capsys.readouterr().err
+    assert baseline_of("fastrl+gspo") == "grpo+gspo" and baseline_of("cppo") == "grpo"
+    assert all(baseline_of(m) in METHODS for m in METHODS)
+
+
+def test_bench_speedup_compares_smoothed_times_to_the_same_target():
+    """GRPO's smoothed final accuracy (0.5+0.6+0.7)/3 = 0.6 is first reached at its last evaluation (30 s);
+    the other run's smoothed curve 0.4, 0.55, 0.6333 reaches 0.6 at 10 s -> speedup 3.0."""
+    grpo = RunResult("grpo", "g", 30.0, 0.7, 0.7, 0.4, 10, 10, {}, [(0, 0.0, 0.4), (1, 10.0, 0.5), (2, 20.0, 0.6),
+                                                                     (3, 30.0, 0.7)])
+    fast = RunResult("fastrl", "f", 20.0, 0.7, 0.7, 0.4, 10, 5, {}, [(0, 0.0, 0.4), (1, 10.0, 0.7), (2, 20.0, 0.8)])
+    rows = {r["method"]: r for r in summarise([grpo, fast])}
+    assert rows["grpo"]["target_accuracy"] == pytest.approx(0.6)
+    assert rows["grpo"]["time_to_target"] == 30.0 and rows["fastrl"]["time_to_target"] == 10.0
+    assert rows["fastrl"]["speedup"] == pytest.approx(3.0)
+    assert rows["fastrl"]["step_time_ratio"] == pytest.approx(1.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_demo_trains_both_runs_serves_the_app_and_stops_on_ctrl_c(tmp_path):
+    port = _free_port()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "fastrl_core.cli", "demo", "--store", str(tmp_path), "--port", str(port),
+         "--steps", "3"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline:
+            runs = store.read_runs(tmp_path) if (tmp_path / "runs").exists() else None
+            if runs is not None and len(runs) == 2 and (runs["status"] == "finished").all():
+                break
+            assert demo.poll() is None, demo.stdout.read()
+            time.sleep(1)
+        else:
+            pytest.fail("the demo's two runs did not finish in time")
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as response:
+            assert response.read().strip() == b"ok"
+        assert sorted(runs["pruner"]) == ["fastrl", "none"]
+    finally:
+        demo.send_signal(signal.SIGINT)
+        output, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 0, output
+    assert f"http://127.0.0.1:{port}" in output

@@ -279,7 +279,7 @@ class Trainer:
         rows = []
         if self.config.log_rollouts:
             lengths = rollouts.completion_mask.sum(1).tolist()
-            sketch_list = sketches.tolist() if sketches is not None else None
+            sketch_rows = sketches.detach().float().cpu().numpy() if sketches is not None else None  # rows: views
             for i, problem in enumerate(rollout_problems):
                 g = int(rollouts.prompt_index[i])
                 rows.append({
@@ -289,7 +289,7 @@ class Trainer:
                     "advantage": float(advantages[i]), "kept": bool(decision.keep_mask[i]),
                     "reason": Reason(int(decision.reasons[i])).name, "score": float(decision.scores[i]),
                     "weight": float(decision.weights[i]), "length": int(lengths[i]),
-                    "sketch": sketch_list[i] if sketch_list is not None else None,
+                    "sketch": sketch_rows[i] if sketch_rows is not None else None,
                 })
         step_row = {**row, "wall_time": self.train_seconds,
                     **{f"time_{name}": seconds for name, seconds in timer.seconds.items()}}

@@ -1,7 +1,8 @@
 """`fastrl demo`: train FastRL, then a GRPO baseline, on the embedded default while the dashboard serves.
 
 The runs go one after another (the machine has 2 cores) in a child process each, writing the store
-the app reads live. Ctrl-C stops the training child and the app and leaves every finished step readable.
+the app reads live. Ctrl-C (or SIGTERM) stops the training child and the app and leaves every finished step
+readable.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def training_command(store: Path, name: str, overrides: list[str], steps: int | 
 def run_demo(*, store: Path, port: int, address: str, steps: int | None) -> int:
     from app.launch import serve, wait_healthy
 
+    def interrupt(signum, frame):  # SIGTERM (e.g. `timeout`, a container stop) stops cleanly like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     store.mkdir(parents=True, exist_ok=True)
     app = serve(store, port=port, address=address)
     trainer: subprocess.Popen | None = None

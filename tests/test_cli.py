@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_demo_trains_both_runs_serves_the_app_and_stops_on_ctrl_c(tmp_path):
+def test_demo_trains_both_runs_serves_the_app_and_stops_cleanly(tmp_path):
     port = _free_port()
     demo = subprocess.Popen(
         [sys.executable, "-m", "fastrl_core.cli", "demo", "--store", str(tmp_path), "--port", str(port),
@@ -75,13 +76,20 @@ def test_demo_trains_both_runs_serves_the_app_and_stops_on_ctrl_c(tmp_path):
             time.sleep(1)
         else:
             pytest.fail("the demo's two runs did not finish in time")
-        import urllib.request
-
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as response:
             assert response.read().strip() == b"ok"
         assert sorted(runs["pruner"]) == ["fastrl", "none"]
     finally:
-        demo.send_signal(signal.SIGINT)
+        demo.send_signal(signal.SIGTERM)  # like a container stop; Ctrl-C (SIGINT) takes the same path
         output, _ = demo.communicate(timeout=60)
     assert demo.returncode == 0, output
     assert f"http://127.0.0.1:{port}" in output
+    deadline = time.monotonic() + 15  # the app server goes down with the demo
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1)
+        except OSError:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the app server outlived the demo")

@@ -47,6 +47,17 @@ def runs_or_wait() -> pd.DataFrame:
     return runs
 
 
+def run_with_steps(empty_message: str) -> tuple[pd.Series, pd.DataFrame]:
+    """Pick a run (captioned) and read its steps; before the run's first step, say `empty_message` and stop."""
+    run = pick_run(runs_or_wait())
+    run_caption(run)
+    steps = data.steps([run["run_id"]])
+    if steps.empty:
+        st.info(empty_message)
+        st.stop()
+    return run, steps
+
+
 def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run") -> pd.Series:
     """A sidebar run picker, defaulting to ?run= (deep links), then the last choice, then a live run, then the
     newest; the choice is written back to the URL."""

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 
-def _f(default: Any, help: str) -> Any:
+def option(default: Any, help: str) -> Any:
+    """A dataclass field carrying its help text (CLI help comes from it)."""
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -24,56 +25,56 @@ def _f(default: Any, help: str) -> Any:
 @dataclass
 class TrainConfig:
     # -- run and store
-    run_name: str = _f("fastrl", "name of the run in the store (a timestamp is appended for the run id)")
-    store_dir: str = _f("runs", "store directory: Parquet step files, DuckDB views, images, checkpoints")
-    seed: int = _f(0, "seed for data order, sampling, sketches and pruning")
-    threads: int = _f(2, "torch CPU threads (more than physical cores is ~2x slower)")
+    run_name: str = option("fastrl", "name of the run in the store (a timestamp is appended for the run id)")
+    store_dir: str = option("runs", "store directory: Parquet step files, DuckDB views, images, checkpoints")
+    seed: int = option(0, "seed for data order, sampling, sketches and pruning")
+    threads: int = option(2, "torch CPU threads (more than physical cores is ~2x slower)")
     # -- model and data
-    model: str = _f("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), a hub name or a local path")
-    engine: str = _f("hf", "rollout engine: 'hf' (transformers generate, CPU or GPU) or 'vllm' (GPU only)")
-    device: str = _f("cpu", "device of the policy and the update: 'cpu' or 'cuda'")
-    dataset: str = _f("synthetic", "'synthetic' (embedded geometry task), a problems.jsonl folder, a Parquet/JSONL file or a hub dataset")
-    train_split: str = _f("train", "split used for training")
-    test_split: str = _f("test", "split used for evaluation")
-    synthetic_train: int = _f(2048, "synthetic dataset: training problems")
-    synthetic_test: int = _f(256, "synthetic dataset: test problems")
-    template: str = _f("math", "prompt template: 'math' (<think> then \\boxed{}) or 'r1v' (<answer> tags)")
+    model: str = option("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), a hub name or a local path")
+    engine: str = option("hf", "rollout engine: 'hf' (transformers generate, CPU or GPU) or 'vllm' (GPU only)")
+    device: str = option("cpu", "device of the policy and the update: 'cpu' or 'cuda'")
+    dataset: str = option("synthetic", "'synthetic' (embedded geometry task), a problems.jsonl folder, a Parquet/JSONL file or a hub dataset")
+    train_split: str = option("train", "split used for training")
+    test_split: str = option("test", "split used for evaluation")
+    synthetic_train: int = option(2048, "synthetic dataset: training problems")
+    synthetic_test: int = option(256, "synthetic dataset: test problems")
+    template: str = option("math", "prompt template: 'math' (<think> then \\boxed{}) or 'r1v' (<answer> tags)")
     # -- sampling
-    steps: int = _f(100, "training steps (one rollout batch and one update each)")
-    time_limit_s: float = _f(0.0, "stop after this many seconds of training (0 = no limit)")
-    prompts_per_step: int = _f(16, "prompts sampled per step")
-    rollouts_per_prompt: int = _f(8, "initial rollouts per prompt (n0); the budget controller may change it per prompt")
-    max_new_tokens: int = _f(32, "maximum completion length in tokens")
-    temperature: float = _f(1.0, "sampling temperature")
+    steps: int = option(100, "training steps (one rollout batch and one update each)")
+    time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)")
+    prompts_per_step: int = option(16, "prompts sampled per step")
+    rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per prompt")
+    max_new_tokens: int = option(32, "maximum completion length in tokens")
+    temperature: float = option(1.0, "sampling temperature")
     # -- reward and advantage
-    format_weight: float = _f(0.5, "reward weight of the format part (<think>...</think> then the final answer)")
-    accuracy_weight: float = _f(1.0, "reward weight of the accuracy part")
-    advantage: str = _f("group_normalized", "advantage estimator: group_normalized (GRPO), mean_only (Dr.GRPO), batch_scaled")
+    format_weight: float = option(0.5, "reward weight of the format part (<think>...</think> then the final answer)")
+    accuracy_weight: float = option(1.0, "reward weight of the accuracy part")
+    advantage: str = option("group_normalized", "advantage estimator: group_normalized (GRPO), mean_only (Dr.GRPO), batch_scaled")
     # -- objective and optimiser
-    objective: str = _f("grpo", "policy loss: grpo, dapo, gspo, gspo_token, dr_grpo")
-    objective_args: dict = _f({}, "keyword arguments of the policy loss, e.g. epsilon, epsilon_high, beta")
-    lr: float = _f(5e-4, "AdamW learning rate (NOTES: 5e-4 for the tiny model; ~1e-6 for 7B models)")
-    warmup_steps: int = _f(5, "linear learning-rate warmup steps")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    max_grad_norm: float = _f(1.0, "gradient clipping norm")
-    recompute_old_logprobs: bool = _f(False, "recompute old log-probs with the training model on kept rollouts "
+    objective: str = option("grpo", "policy loss: grpo, dapo, gspo, gspo_token, dr_grpo")
+    objective_args: dict = option({}, "keyword arguments of the policy loss, e.g. epsilon, epsilon_high, beta")
+    lr: float = option(5e-4, "AdamW learning rate (NOTES: 5e-4 for the tiny model; ~1e-6 for 7B models)")
+    warmup_steps: int = option(5, "linear learning-rate warmup steps")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    max_grad_norm: float = option(1.0, "gradient clipping norm")
+    recompute_old_logprobs: bool = option(False, "recompute old log-probs with the training model on kept rollouts "
                                              "(needed when the rollout engine's numerics differ, e.g. vLLM)")
     # -- FastRL
-    sketch: str = _f("lm_head", "gradient sketch: lm_head, logprob, tokens")
-    sketch_dim: int = _f(256, "gradient sketch dimension")
-    sketch_top_k: int = _f(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the sketch; "
+    sketch: str = option("lm_head", "gradient sketch: lm_head, logprob, tokens")
+    sketch_dim: int = option(256, "gradient sketch dimension")
+    sketch_top_k: int = option(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the sketch; "
                                "0 = the whole vocabulary (exact, and cheapest for small vocabularies)")
-    pruner: str = _f("fastrl", "rollout pruner: none, dapo_filter, cppo, pods, fastrl_official, fastrl")
-    pruner_args: dict = _f({}, "keyword arguments of the pruner")
-    keep_ratio: float = _f(0.5, "largest fraction of each group the pruner keeps")
-    min_keep: int = _f(2, "smallest number of rollouts kept in a group with informative rollouts")
-    budget: str = _f("adaptive", "rollout budget controller: fixed, rollout_sa, adaptive")
-    budget_args: dict = _f({}, "keyword arguments of the budget controller")
+    pruner: str = option("fastrl", "rollout pruner: none, dapo_filter, cppo, pods, fastrl_official, fastrl")
+    pruner_args: dict = option({}, "keyword arguments of the pruner")
+    keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps")
+    min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts")
+    budget: str = option("adaptive", "rollout budget controller: fixed, rollout_sa, adaptive")
+    budget_args: dict = option({}, "keyword arguments of the budget controller")
     # -- evaluation and checkpoints
-    eval_every: int = _f(10, "evaluate greedy accuracy on the test split every N steps (0 = never)")
-    eval_size: int = _f(256, "test problems used per evaluation")
-    checkpoint_every: int = _f(25, "save a resumable checkpoint every N steps (0 = only at the end)")
-    log_rollouts: bool = _f(True, "store every rollout's text and sketch (the dashboard's rollout and map pages)")
+    eval_every: int = option(10, "evaluate greedy accuracy on the test split every N steps (0 = never)")
+    eval_size: int = option(256, "test problems used per evaluation")
+    checkpoint_every: int = option(25, "save a resumable checkpoint every N steps (0 = only at the end)")
+    log_rollouts: bool = option(True, "store every rollout's text and sketch (the dashboard's rollout and map pages)")
 
 
 def field_help() -> dict[str, str]:

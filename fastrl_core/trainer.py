@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import time
 from contextlib import contextmanager

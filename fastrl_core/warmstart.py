@@ -24,11 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
+from fastrl_core.config import option
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.evaluate import evaluate
 from fastrl_core.policy import EOS_TOKEN, Policy, build_tiny_policy, save_policy
@@ -36,31 +37,26 @@ from fastrl_core.policy import EOS_TOKEN, Policy, build_tiny_policy, save_policy
 THINK = "I look at the figure."
 
 
-def _arg(default, help: str):
-    """A field with its CLI help (shown by `--help`)."""
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class WarmstartArgs:
-    out: str = _arg("data/warmstart", "where the chosen checkpoint is saved")
-    data_dir: str = _arg("runs/data", "cache folder of the synthetic dataset")
-    n_train: int = _arg(2048, "synthetic train problems")
-    n_test: int = _arg(256, "synthetic test problems")
-    data_seed: int = _arg(0, "seed of the synthetic dataset")
-    seed: int = _arg(0, "model init and batch order")
-    template: str = _arg("math", "prompt template the warm start is trained on")
-    vocab_size: int = _arg(1024, "BPE vocabulary incl. special tokens")
-    batch_size: int = _arg(32, "problems per SFT step")
-    lr: float = _arg(1e-3, "AdamW learning rate (constant after warmup)")
-    warmup_steps: int = _arg(10, "linear lr warmup")
-    max_steps: int = _arg(600, "SFT steps at most")
-    eval_every: int = _arg(25, "steps between evaluations on the test split")
-    band_low: float = _arg(0.25, "lowest greedy test accuracy a chosen checkpoint may have")
-    band_high: float = _arg(0.50, "highest greedy test accuracy a chosen checkpoint may have (>= 15 points left for RL)")
-    min_format: float = _arg(0.90, "lowest format rate a chosen checkpoint may have")
-    max_new_tokens: int = _arg(32, "completion length at evaluation")
-    threads: int = _arg(2, "torch threads (2-core machines: more is slower)")
+    out: str = option("data/warmstart", "where the chosen checkpoint is saved")
+    data_dir: str = option("runs/data", "cache folder of the synthetic dataset")
+    n_train: int = option(2048, "synthetic train problems")
+    n_test: int = option(256, "synthetic test problems")
+    data_seed: int = option(0, "seed of the synthetic dataset")
+    seed: int = option(0, "model init and batch order")
+    template: str = option("math", "prompt template the warm start is trained on")
+    vocab_size: int = option(1024, "BPE vocabulary incl. special tokens")
+    batch_size: int = option(32, "problems per SFT step")
+    lr: float = option(1e-3, "AdamW learning rate (constant after warmup)")
+    warmup_steps: int = option(10, "linear lr warmup")
+    max_steps: int = option(600, "SFT steps at most")
+    eval_every: int = option(25, "steps between evaluations on the test split")
+    band_low: float = option(0.25, "lowest greedy test accuracy a chosen checkpoint may have")
+    band_high: float = option(0.50, "highest greedy test accuracy a chosen checkpoint may have (>= 15 points left for RL)")
+    min_format: float = option(0.90, "lowest format rate a chosen checkpoint may have")
+    max_new_tokens: int = option(32, "completion length at evaluation")
+    threads: int = option(2, "torch threads (2-core machines: more is slower)")
 
 
 def target_text(problem, answer_style: str) -> str:

@@ -12,14 +12,8 @@ MAX_POINTS = 4096
 GRID_COLUMNS, GRID_MAX = 6, 24
 
 st.title("Gradient-sketch map")
-runs = widgets.runs_or_wait()
-run = widgets.pick_run(runs)
+run, steps = widgets.run_with_steps("No step written yet.")
 run_id = run["run_id"]
-widgets.run_caption(run)
-steps = data.steps([run_id])
-if steps.empty:
-    st.info("No step written yet.")
-    st.stop()
 
 step_ids = steps["step"].astype(int).tolist()
 if len(step_ids) > 1:

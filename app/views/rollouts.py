@@ -9,14 +9,8 @@ ALL = "— every prompt of the step —"
 CHOICES = {"all": None, "yes": True, "no": False}
 
 st.title("Rollouts")
-runs = widgets.runs_or_wait()
-run = widgets.pick_run(runs)
+run, steps = widgets.run_with_steps("No step written yet; this page shows a step's groups once one is.")
 run_id = run["run_id"]
-widgets.run_caption(run)
-steps = data.steps([run_id])
-if steps.empty:
-    st.info("No step written yet; this page shows a step's groups once one is.")
-    st.stop()
 
 step_ids = steps["step"].astype(int).tolist()
 asked = st.query_params.get("step")

@@ -77,11 +77,10 @@ def _store(args: argparse.Namespace) -> int:
 
 
 def _app(args: argparse.Namespace) -> int:
-    from app.launch import serve, wait_healthy
+    from app.launch import serve
 
-    process = serve(Path(args.store), port=args.port, address=args.address)
+    process = serve(Path(args.store), port=args.port, address=args.address, timeout=60)  # returns once healthy
     try:
-        wait_healthy(args.port, timeout=60)
         print(f"FastRL dashboard: http://{args.address}:{args.port}  (store: {args.store}; Ctrl-C stops)")
         return process.wait()
     except KeyboardInterrupt:

@@ -29,17 +29,16 @@ def training_command(store: Path, name: str, overrides: list[str], steps: int | 
 
 
 def run_demo(*, store: Path, port: int, address: str, steps: int | None) -> int:
-    from app.launch import serve, wait_healthy
+    from app.launch import serve
 
     def interrupt(signum, frame):  # SIGTERM (e.g. `timeout`, a container stop) stops cleanly like Ctrl-C
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
     store.mkdir(parents=True, exist_ok=True)
-    app = serve(store, port=port, address=address)
+    app = serve(store, port=port, address=address, timeout=90)  # returns once healthy
     trainer: subprocess.Popen | None = None
     try:
-        wait_healthy(port, timeout=90)
         print(f"\nFastRL dashboard: http://{address}:{port}   (store: {store}; Ctrl-C stops)\n", flush=True)
         for name, overrides in DEMO_RUNS:
             print(f"== training {name} ({' '.join(overrides)})", flush=True)

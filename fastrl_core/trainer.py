@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -340,14 +341,14 @@ class Trainer:
         final = self.checkpoint_dir
         tmp = final.with_name(final.name + ".tmp")
         if tmp.exists():
-            _rmtree(tmp)
+            shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         save_policy(self.policy, tmp / "policy")
         torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
                     "train_seconds": self.train_seconds, "python_random": random.getstate()}, tmp / "trainer.pt")
         (tmp / "budget.json").write_text(json.dumps(self.budget_state))
         if final.exists():
-            _rmtree(final)
+            shutil.rmtree(final)
         tmp.rename(final)
         return final
 
@@ -375,12 +376,6 @@ def _group_stats(rewards, group_ids, keep_mask, num_groups):
     std = (sq / sampled.clamp(min=1)).sqrt()
     std = torch.where(std < 1e-9, torch.zeros_like(std), std)
     return mean, std, sampled, kept
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path)
 
 
 def train(config: TrainConfig, *, resume: str | None = None, progress: bool = True) -> str:

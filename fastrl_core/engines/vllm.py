@@ -147,8 +147,8 @@ class VLLMEngine:
         **llm_kwargs,
     ) -> None:
         vllm = import_vllm()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use `greedy` for argmax decoding), got {temperature}")
+        # the HF twin scores kept rollouts for the trainer and checks the shared arguments (temperature > 0)
+        self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature)
         self.policy = policy
         self.template = template
         self.max_new_tokens = max_new_tokens
@@ -156,7 +156,6 @@ class VLLMEngine:
         self.sketch_projection = sketch_projection
         self.sketch_top_k = sketch_top_k if sketch_projection is not None else 0
         self.enable_sleep_mode = enable_sleep_mode
-        self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature)
         self.eos_token_ids = self.scorer.eos_token_ids
         self.pad_token_id = self.scorer.pad_token_id
         self._logit_bias = {int(token): SUPPRESS_BIAS for token in policy.suppress_token_ids}

@@ -24,8 +24,9 @@ test: setup
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 	$(BIN)/python -m pytest -q
 
+## The benchmark scripts (each prints its figures; run on a quiet machine). `fastrl bench` is the training comparison.
 bench: setup
-	$(BIN)/python benchmarks/bench_algo.py
+	for script in benchmarks/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

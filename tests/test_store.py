@@ -235,6 +235,30 @@ def test_inconsistent_step_is_rejected_before_writing(tmp_path, edit, message):
     assert tree(tmp_path) == before
 
 
+def test_numpy_scalars_mixed_types_and_edge_values(tmp_path):
+    """What tensors' .tolist() or NumPy hand over: NumPy scalars beside Python ones, a str subclass, an int in a
+    float column (exact beyond 2**53 too); an int that fits no int64 is one clear error, and nothing is written."""
+    class Label(str):
+        pass
+
+    writer = new_writer(tmp_path)
+    step = tiny_step()
+    step["rollouts"][0].update(reward=np.float32(1.5), length=np.int16(7), kept=np.bool_(True), reason=Label("top"))
+    step["rollouts"][1].update(advantage=-1, score=2 ** 60)
+    step["step_row"].update(accuracy=np.float64(0.4), zero_variance_groups=np.int64(1), epoch_end=np.bool_(False))
+    writer.write_step(0, **step)
+    rollouts = store.read_rollouts(tmp_path, writer.run_id).set_index("rollout_id")
+    assert rollouts.loc["r0", ["reward", "length", "kept", "reason"]].tolist() == [1.5, 7, True, "top"]
+    assert rollouts.loc["r1", "advantage"] == -1.0 and rollouts.loc["r1", "score"] == float(2 ** 60)
+    assert store.read_steps(tmp_path, writer.run_id)["epoch_end"].tolist() == [False]
+
+    before = tree(tmp_path)
+    step["rollouts"][2]["length"] = 2 ** 70
+    with pytest.raises(ValueError, match="^rollouts row 2: key 'length' must fit a 64-bit int"):
+        writer.write_step(1, **step)
+    assert tree(tmp_path) == before
+
+
 def test_step_key_echo_optional_losses_and_unlogged_rollouts(tmp_path):
     """What a trainer sends: its own `step` in the row, no loss when no update ran, rollouts not logged."""
     writer = new_writer(tmp_path)

@@ -72,6 +72,7 @@ class RunWriter:
         layout.write_json(self.meta, self._run_dir / "run.json")
         layout.init_store(self.store_dir)
         self._clock_origin = time.time()
+        self._stored_images: set[str] = set()  # image refs known to be in the store (written or checked)
 
     def _claim_run_dir(self, name: str, run_id: str | None) -> str:
         if run_id is not None:
@@ -114,6 +115,7 @@ class RunWriter:
             last = pq.read_table(layout.step_file(self.store_dir, run_id, "steps", steps[-1]), columns=["wall_time"])
             elapsed = last.column(0)[0].as_py() or 0.0
         self._clock_origin = time.time() - elapsed
+        self._stored_images = set()
         return self
 
     def _drop_steps(self, from_step: int) -> None:
@@ -141,7 +143,7 @@ class RunWriter:
         repeat the step (it must match); wall_time defaults to seconds since the run started.
         Re-writing a step first hides the old one (removes its steps file), then writes the new one.
         """
-        if not schema._is_int(step) or step < 0:
+        if not schema.is_int(step) or step < 0:
             raise ValueError(f"steps: step must be an int >= 0, got {step!r}")
         step = int(step)
         self._check_images(images)
@@ -167,8 +169,9 @@ class RunWriter:
         }
         for ref, png in images.items():
             path = layout.image_file(self.store_dir, ref)
-            if not path.exists():
+            if ref not in self._stored_images and not path.exists():
                 layout.write_bytes(png, path)
+            self._stored_images.add(ref)
         if sketch_dim is not None and self.meta.get("sketch_dim") is None:
             self.meta["sketch_dim"] = sketch_dim
             layout.write_json(self.meta, self._run_dir / "run.json")
@@ -208,14 +211,16 @@ class RunWriter:
             if per_prompt.get(prompt_id, [0, 0]) != [sampled, kept]:  # with the sums above: no prompt left out
                 raise ValueError(f"groups row {i}: prompt {prompt_id!r} has sampled={sampled}, kept={kept} but the "
                                  "rollouts disagree")
-        for i, ref in enumerate(rollouts["image_ref"]):
-            if ref is None or ref in images:
+        for ref in dict.fromkeys(rollouts["image_ref"]):  # each prompt's image once, not per rollout
+            if ref is None or ref in images or ref in self._stored_images:
                 continue
+            i = rollouts["image_ref"].index(ref)
             if not layout.IMAGE_REF.fullmatch(ref):
                 raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is not an image key (image_key(png), "
                                  "or None for a prompt without an image)")
             if not layout.image_file(self.store_dir, ref).exists():
                 raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is neither in images nor in the store")
+            self._stored_images.add(ref)
 
     def _check_sketch_dim(self, sketches: np.ndarray | None) -> int | None:
         if sketches is None:
@@ -227,7 +232,7 @@ class RunWriter:
 
     def write_eval(self, step: int, split: str, accuracy: float, n: int, **extra: float) -> None:
         """Record an evaluation at `step` (one file per step and split; writing it again replaces it)."""
-        if not schema._is_int(step) or step < 0:
+        if not schema.is_int(step) or step < 0:
             raise ValueError(f"evals: step must be an int >= 0, got {step!r}")
         if not isinstance(split, str) or not layout.SPLIT.fullmatch(split):
             raise ValueError(f"evals: split {split!r} must match {layout.SPLIT.pattern}")

@@ -11,6 +11,7 @@ alternative reader design.
 (c) configs/embedded.yaml for --train-steps steps (no evals), as FastRL and as the GRPO baseline
 (pruner=none budget=fixed): the trainer's `time_store` (each step's write, new images included) as a share of its
 step time (target < 2 %). The first epoch writes every prompt's image, so these early steps are the dearest.
+Then read_image on those runs' images, cold (indexing every images file) and warm.
 """
 
 from __future__ import annotations
@@ -153,6 +154,12 @@ def bench_training(root: Path, steps: int) -> None:
         share = 100 * rows["time_store"].sum() / step_seconds.sum()
         print(f"    {name:<8} {step_seconds.median():7.3f} {1e3 * rows['time_store'].median():9.2f} {share:6.2f} %"
               f"{'' if share < 2 else '  (over the 2 % target)'}")
+    ref = store.read_rollouts(root, trainer.writer.run_id, step=steps - 1, columns=["image_ref"])["image_ref"][0]
+    files = len(list(root.glob("runs/*/images/*.parquet")))
+    readers._images_cache.clear()
+    cold, _ = timed(lambda: (readers._images_cache.clear(), store.read_image(root, ref)), 3)
+    warm, _ = timed(lambda: store.read_image(root, ref), 7)
+    print(f"    read_image of a last-step prompt: {cold:.1f} ms cold (indexes {files} images files), {warm:.1f} ms warm")
 
 
 def main() -> None:

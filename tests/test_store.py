@@ -122,18 +122,37 @@ def test_round_trip_of_every_table(tmp_path):
     assert run["status"] == "finished" and run["finished"] >= run["started"]
 
 
-def test_images_are_stored_once_by_content_hash(tmp_path):
-    writer = new_writer(tmp_path)
-    writer.write_step(0, **tiny_step())
+def test_images_are_stored_once_per_run_in_one_file_per_step(tmp_path):
     assert store.image_key(PNG_A) == hashlib.sha256(PNG_A).hexdigest()
-    path = tmp_path / "images" / f"{REF_A}.png"
-    first = path.stat().st_ino
-    writer.write_step(1, **tiny_step())
-    assert path.stat().st_ino == first  # not rewritten
-    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == sorted([f"{REF_A}.png", f"{REF_B}.png"])
+    writer = new_writer(tmp_path)
+    images = tmp_path / "runs" / writer.run_id / "images"
+    writer.write_step(0, **tiny_step())
+    writer.write_step(1, **tiny_step())  # the same images again: nothing new to store
     later = tiny_step()
-    later["images"] = {}  # refs already in the store are accepted without the bytes
+    later["images"] = {}  # refs the run has stored are accepted without the bytes
     writer.write_step(2, **later)
+    assert sorted(p.name for p in images.iterdir()) == ["step_000000.parquet"]
+    assert (store.read_image(tmp_path, REF_A), store.read_image(tmp_path, REF_B)) == (PNG_A, PNG_B)
+
+    png_c = prompt_png(2, size=16)  # re-writing step 0 with a new image keeps the ones later steps use
+    rewrite = tiny_step()
+    rewrite["rollouts"][0]["image_ref"] = store.image_key(png_c)
+    rewrite["images"] = {store.image_key(png_c): png_c}
+    writer.write_step(0, **rewrite)
+    assert sorted(p.name for p in images.iterdir()) == ["step_000000.parquet"]
+    assert [store.read_image(tmp_path, store.image_key(png)) for png in (PNG_A, PNG_B, png_c)] == [PNG_A, PNG_B, png_c]
+    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:  # the live view, for plain SQL
+        assert con.sql("SELECT count(*), count(DISTINCT image_ref) FROM images").fetchall() == [(3, 3)]
+
+    other = new_writer(tmp_path, name="other")  # each run stores its own images
+    with pytest.raises(ValueError, match=f"rollouts row 0: key 'image_ref' '{REF_A}' is neither in images nor stored "
+                                         "by this run"):
+        other.write_step(0, **later)
+    store.RunWriter.resume(tmp_path, writer.run_id).write_step(3, **later)  # the resumed run knows its images
+    store.RunWriter.resume(tmp_path, writer.run_id, from_step=0)  # dropping step 0 drops the images it stored
+    assert not images.exists() or not any(images.iterdir())
+    with pytest.raises(FileNotFoundError, match="no image"):
+        store.read_image(tmp_path, REF_A)
 
 
 def test_empty_run_and_store_read_as_empty_frames(tmp_path):

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Sequence
 
 import duckdb
-import pyarrow as pa
 
 from fastrl_core.store import layout, readers, schema
 
@@ -40,13 +39,11 @@ def compact(store_dir: str | Path, run_id: str) -> Path:
         _create(con, "rollouts", sql, params, schema.ROLLOUTS)
         _create(con, "evals", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step, split",
                 {"files": layout.eval_files(store_dir, run_id)}, schema.EVALS)
-        refs = [r for (r,) in con.execute("SELECT DISTINCT image_ref FROM rollouts WHERE image_ref IS NOT NULL "
-                                          "ORDER BY image_ref").fetchall()]
-        images = pa.table({"image_ref": pa.array(refs, pa.string()),
-                           "png": pa.array([readers.read_image(store_dir, r) for r in refs], pa.binary())})
-        con.register("images_arrow", images)
-        con.execute("CREATE TABLE images AS SELECT * FROM images_arrow")
-        con.unregister("images_arrow")
+        image_files = [str(layout.step_file(store_dir, run_id, "images", step))
+                       for step in layout.step_numbers(store_dir, run_id, "images")]
+        _create(con, "images", "SELECT image_ref, any_value(png) AS png FROM read_parquet($files) WHERE image_ref IN "
+                "(SELECT image_ref FROM rollouts) GROUP BY image_ref ORDER BY image_ref", {"files": image_files},
+                schema.IMAGES, key=[])
     finally:
         con.close()
     os.replace(tmp, out)
@@ -73,11 +70,12 @@ def _rollouts_sql(store_dir: Path, run_id: str, steps: list[int], sketch_dim: in
     return sql + " ORDER BY r.step, r.file_row_number", params
 
 
-def _create(con: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict, columns: list) -> None:
+def _create(con: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict, columns: list,
+            key: list = schema.STEP_KEY) -> None:
     if all(params.values()):
         con.execute(f"CREATE TABLE {name} AS {sql}", params)
     else:  # no files yet: an empty table with the declared columns
-        con.register("empty_arrow", schema.arrow_schema(schema.STEP_KEY, columns).empty_table())
+        con.register("empty_arrow", schema.arrow_schema(key, columns).empty_table())
         con.execute(f"CREATE TABLE {name} AS SELECT * FROM empty_arrow")
         con.unregister("empty_arrow")
 

@@ -1,9 +1,11 @@
 """Where the store keeps each file, how a file is written atomically, and the live `store.duckdb` views.
 
     <store_dir>/store.duckdb                 VIEWs over the Parquet globs below (plain `duckdb -readonly` SQL)
-    <store_dir>/images/<sha256>.png          prompt images, content-addressed, shared by all runs
     <store_dir>/runs/<run_id>/run.json       the runs row (config as a JSON object)
     <store_dir>/runs/<run_id>/{steps,groups,rollouts,proj}/step_000123.parquet
+    <store_dir>/runs/<run_id>/images/step_000123.parquet   (image_ref = sha256 of the PNG, png) of the images
+                                             the run first used at that step: each image once per run, one file
+                                             per step instead of one per image
     <store_dir>/runs/<run_id>/evals/step_000123_<split>.parquet
     <store_dir>/runs/<run_id>/<run_id>.duckdb  compact(): the run as real tables
     <store_dir>/runs/.schema/<table>/empty.parquet  zero-row files so the views bind before any step exists
@@ -25,7 +27,7 @@ import pyarrow.parquet as pq
 
 from fastrl_core.store import schema
 
-STEP_TABLES = ("steps", "groups", "rollouts", "proj")
+STEP_TABLES = ("steps", "groups", "rollouts", "proj", "images")
 TABLE_DIRS = (*STEP_TABLES, "evals")
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SPLIT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -52,10 +54,10 @@ def eval_file(store_dir: Path, run_id: str, step: int, split: str) -> Path:
     return run_dir(store_dir, run_id) / "evals" / f"step_{step:06d}_{split}.parquet"
 
 
-def image_file(store_dir: Path, image_ref: str) -> Path:
+def check_image_ref(image_ref: str) -> str:
     if not isinstance(image_ref, str) or not IMAGE_REF.fullmatch(image_ref):
         raise ValueError(f"image_ref {image_ref!r} is not an image key (64 lowercase hex digits)")
-    return Path(store_dir) / "images" / f"{image_ref}.png"
+    return image_ref
 
 
 def compact_file(store_dir: Path, run_id: str) -> Path:
@@ -142,6 +144,7 @@ _SEED_COLUMNS = {
     "rollouts": (schema.STEP_KEY, schema.ROLLOUTS),
     "proj": (schema.STEP_KEY, schema.PROJ),
     "evals": (schema.STEP_KEY, schema.EVALS),
+    "images": (schema.STEP_KEY, schema.IMAGES),
 }
 
 
@@ -162,6 +165,7 @@ def _view_sql(store_dir: Path) -> list[str]:
         f"coalesce(p.proj_y, r.proj_y) AS proj_y FROM {scan('rollouts')} r SEMI JOIN steps s USING (run_id, step) "
         f"LEFT JOIN proj p USING (run_id, step, rollout_id)",
         f"CREATE VIEW evals AS SELECT * FROM {scan('evals')}",
+        f"CREATE VIEW images AS SELECT i.* FROM {scan('images')} i SEMI JOIN steps s USING (run_id, step)",
     ]
 
 
@@ -173,7 +177,6 @@ def init_store(store_dir: Path) -> None:
     if the store was moved. Call it after the run's run.json exists: the runs view needs one to bind.
     """
     store_dir = Path(store_dir)
-    (store_dir / "images").mkdir(parents=True, exist_ok=True)
     for table, (key, columns) in _SEED_COLUMNS.items():
         seed = store_dir / "runs" / ".schema" / table / "empty.parquet"
         if not seed.exists():

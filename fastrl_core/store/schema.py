@@ -95,6 +95,8 @@ ROLLOUTS = [
 
 EVALS = [_c("split", STR), _c("accuracy", FLOAT), _c("n", INT)]
 
+IMAGES = [_c("image_ref", STR), _c("png", pa.binary())]  # a prompt's image, in the step that first used it
+
 PROJ = [_c("rollout_id", STR), _c("proj_x", FLOAT), _c("proj_y", FLOAT)]
 
 

@@ -72,7 +72,7 @@ class RunWriter:
         layout.write_json(self.meta, self._run_dir / "run.json")
         layout.init_store(self.store_dir)
         self._clock_origin = time.time()
-        self._stored_images: set[str] = set()  # image refs known to be in the store (written or checked)
+        self._stored_images: set[str] = set()  # image refs in this run's images files
 
     def _claim_run_dir(self, name: str, run_id: str | None) -> str:
         if run_id is not None:
@@ -115,15 +115,20 @@ class RunWriter:
             last = pq.read_table(layout.step_file(self.store_dir, run_id, "steps", steps[-1]), columns=["wall_time"])
             elapsed = last.column(0)[0].as_py() or 0.0
         self._clock_origin = time.time() - elapsed
-        self._stored_images = set()
+        self._stored_images = self._images_on_disk()
         return self
+
+    def _images_on_disk(self) -> set[str]:
+        files = [layout.step_file(self.store_dir, self.run_id, "images", step)
+                 for step in layout.step_numbers(self.store_dir, self.run_id, "images")]
+        return {ref for path in files for ref in pq.read_table(path, columns=["image_ref"]).column(0).to_pylist()}
 
     def _drop_steps(self, from_step: int) -> None:
         for step in layout.step_numbers(self.store_dir, self.run_id, "steps"):
             if step >= from_step:  # the steps file first: the step disappears whole
                 for table in layout.STEP_TABLES:
                     layout.step_file(self.store_dir, self.run_id, table, step).unlink(missing_ok=True)
-        for table in ("rollouts", "groups", "proj"):  # leftovers of a step killed before its steps file
+        for table in ("rollouts", "groups", "proj", "images"):  # leftovers of a step killed before its steps file
             for step in layout.step_numbers(self.store_dir, self.run_id, table):
                 if step >= from_step:
                     layout.step_file(self.store_dir, self.run_id, table, step).unlink()
@@ -135,8 +140,9 @@ class RunWriter:
                    images: dict[str, bytes]) -> None:
         """Write one training step as one all-or-nothing unit.
 
-        images: {image_key(png): png bytes}, written once per key. Then the rollouts, the groups, and last the
-        steps row: readers only consider steps whose steps file exists. Checks before writing anything:
+        images: {image_key(png): png bytes}; those new to this run go into the step's images file (a ref the run
+        already stored may be used without its bytes). Then the rollouts, the groups, and last the steps row:
+        readers only consider steps whose steps file exists. Checks before writing anything:
         every row against its schema; rollouts_sampled / rollouts_kept equal the groups' sums; each group's
         sampled / kept equal its rollouts; unique ids; image refs present; one sketch length per run. An empty
         `rollouts` list means rollouts are not logged: only the groups are checked then. `step_row` may
@@ -167,11 +173,9 @@ class RunWriter:
             "groups": schema.to_arrow(key, group_values, schema.STEP_KEY, schema.GROUPS, len(groups)),
             "steps": schema.to_arrow(key, step_values, schema.STEP_KEY, schema.STEPS, 1),
         }
-        for ref, png in images.items():
-            path = layout.image_file(self.store_dir, ref)
-            if ref not in self._stored_images and not path.exists():
-                layout.write_bytes(png, path)
-            self._stored_images.add(ref)
+        new_images = {ref: bytes(png) for ref, png in images.items() if ref not in self._stored_images}
+        if new_images:
+            self._write_images(step, new_images)
         if sketch_dim is not None and self.meta.get("sketch_dim") is None:
             self.meta["sketch_dim"] = sketch_dim
             layout.write_json(self.meta, self._run_dir / "run.json")
@@ -179,6 +183,20 @@ class RunWriter:
         layout.step_file(self.store_dir, self.run_id, "proj", step).unlink(missing_ok=True)
         for table in ("rollouts", "groups", "steps"):  # steps last: it makes the step visible
             layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step))
+
+    def _write_images(self, step: int, images: dict[str, bytes]) -> None:
+        """One file per step with the images this run uses for the first time (16 small files a step would cost
+        more than the rest of the step's writes). Re-writing a step keeps the images its old file had: later
+        steps may use them."""
+        path = layout.step_file(self.store_dir, self.run_id, "images", step)
+        refs, pngs = list(images), list(images.values())
+        if path.exists():
+            old = pq.read_table(path, columns=["image_ref", "png"])
+            refs, pngs = old.column(0).to_pylist() + refs, old.column(1).to_pylist() + pngs
+        table = schema.to_arrow({"run_id": self.run_id, "step": step}, {"image_ref": refs, "png": pngs},
+                                schema.STEP_KEY, schema.IMAGES, len(refs))
+        layout.write_parquet(table, path)
+        self._stored_images.update(images)
 
     def _check_images(self, images: dict) -> None:
         if not isinstance(images, dict):
@@ -218,9 +236,7 @@ class RunWriter:
             if not layout.IMAGE_REF.fullmatch(ref):
                 raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is not an image key (image_key(png), "
                                  "or None for a prompt without an image)")
-            if not layout.image_file(self.store_dir, ref).exists():
-                raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is neither in images nor in the store")
-            self._stored_images.add(ref)
+            raise ValueError(f"rollouts row {i}: key 'image_ref' {ref!r} is neither in images nor stored by this run")
 
     def _check_sketch_dim(self, sketches: np.ndarray | None) -> int | None:
         if sketches is None:

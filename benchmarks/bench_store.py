@@ -156,7 +156,6 @@ def bench_training(root: Path, steps: int) -> None:
               f"{'' if share < 2 else '  (over the 2 % target)'}")
     ref = store.read_rollouts(root, trainer.writer.run_id, step=steps - 1, columns=["image_ref"])["image_ref"][0]
     files = len(list(root.glob("runs/*/images/*.parquet")))
-    readers._images_cache.clear()
     cold, _ = timed(lambda: (readers._images_cache.clear(), store.read_image(root, ref)), 3)
     warm, _ = timed(lambda: store.read_image(root, ref), 7)
     print(f"    read_image of a last-step prompt: {cold:.1f} ms cold (indexes {files} images files), {warm:.1f} ms warm")

@@ -39,11 +39,9 @@ def compact(store_dir: str | Path, run_id: str) -> Path:
         _create(con, "rollouts", sql, params, schema.ROLLOUTS)
         _create(con, "evals", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step, split",
                 {"files": layout.eval_files(store_dir, run_id)}, schema.EVALS)
-        image_files = [str(layout.step_file(store_dir, run_id, "images", step))
-                       for step in layout.step_numbers(store_dir, run_id, "images")]
         _create(con, "images", "SELECT image_ref, any_value(png) AS png FROM read_parquet($files) WHERE image_ref IN "
-                "(SELECT image_ref FROM rollouts) GROUP BY image_ref ORDER BY image_ref", {"files": image_files},
-                schema.IMAGES, key=[])
+                "(SELECT image_ref FROM rollouts) GROUP BY image_ref ORDER BY image_ref",
+                {"files": layout.table_files(store_dir, run_id, "images")}, schema.IMAGES, key=[])
     finally:
         con.close()
     os.replace(tmp, out)

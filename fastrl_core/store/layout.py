@@ -113,6 +113,11 @@ def step_numbers(store_dir: Path, run_id: str, table: str) -> list[int]:
         return sorted(int(m.group(1)) for e in entries if (m := _STEP_FILE.fullmatch(e.name)))
 
 
+def table_files(store_dir: Path, run_id: str, table: str) -> list[str]:
+    """Every file of a per-step `table` of a run, in step order."""
+    return [str(step_file(store_dir, run_id, table, step)) for step in step_numbers(store_dir, run_id, table)]
+
+
 def eval_files(store_dir: Path, run_id: str) -> list[str]:
     directory = run_dir(store_dir, run_id) / "evals"
     if not directory.is_dir():

@@ -119,9 +119,8 @@ class RunWriter:
         return self
 
     def _images_on_disk(self) -> set[str]:
-        files = [layout.step_file(self.store_dir, self.run_id, "images", step)
-                 for step in layout.step_numbers(self.store_dir, self.run_id, "images")]
-        return {ref for path in files for ref in pq.read_table(path, columns=["image_ref"]).column(0).to_pylist()}
+        return {ref for path in layout.table_files(self.store_dir, self.run_id, "images")
+                for ref in pq.read_table(path, columns=["image_ref"]).column(0).to_pylist()}
 
     def _drop_steps(self, from_step: int) -> None:
         for step in layout.step_numbers(self.store_dir, self.run_id, "steps"):

@@ -3,7 +3,8 @@
 
     .venv/bin/python benchmarks/bench_store.py [--steps 200] [--rollouts 512] [--repeat 7] [--train-steps 40]
 
-(a) 16 prompts x 8 rollouts, 256-dim sketches, one 112x112 PNG per prompt: ms per write_step. (b) a synthetic run of --steps steps x --rollouts rollouts (64 prompts x 8),
+(a) 16 prompts x 8 rollouts, 256-dim sketches, one 112x112 PNG per prompt: ms per write_step, then its parts.
+(b) a synthetic run of --steps steps x --rollouts rollouts (64 prompts x 8),
 then each read_* query the app uses, median and worst of --repeat calls after one warm-up (target < 200 ms;
 the "export" row reads every rollout with its text, which no page does, and is there for scale).
 The last rows compare the same queries through the store.duckdb views (connect read_only + SQL), the
@@ -25,9 +26,10 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow.parquet as pq
 
 from fastrl_core import store
-from fastrl_core.store import readers
+from fastrl_core.store import layout, readers, schema
 from fastrl_core.store.synthetic import synthetic_step, write_synthetic_run
 
 
@@ -60,6 +62,26 @@ def bench_write(root: Path, steps: int = 40) -> None:
     print(f"    first step {first:.1f} ms (writes its images); later steps median {median:.1f} ms, "
           f"max {max(rest):.1f} ms")
     print(f"    finish() incl. compact of {steps} steps: {1e3 * finish:.0f} ms (once per run)")
+    bench_write_parts(root, data[-1])
+
+
+def bench_write_parts(root: Path, step: dict, repeat: int = 30) -> None:
+    """Where a write_step goes, table by table, and Parquet's default dictionary encoding on every column (what
+    layout.write_parquet turns off for non-string columns) beside the store's setting."""
+    key = {"run_id": "bench", "step": 0}
+    tables = {"rollouts": (step["rollouts"], schema.ROLLOUTS), "groups": (step["groups"], schema.GROUPS),
+              "steps": ([{"wall_time": 1.0, **step["step_row"]}], schema.STEPS)}  # the writer fills wall_time
+    print("    per part, median of 30 (ms):  table     validate  to_arrow  parquet  parquet, dictionary on all")
+    for name, (rows, columns) in tables.items():
+        extra = name == "steps"
+        values = schema.validate_rows(name, rows, columns, extra_numeric=extra)
+        table = schema.to_arrow(key, values, schema.STEP_KEY, columns, len(rows))
+        path = root / f"part-{name}.parquet"
+        validate, _ = timed(lambda: schema.validate_rows(name, rows, columns, extra_numeric=extra), repeat)
+        arrow, _ = timed(lambda: schema.to_arrow(key, values, schema.STEP_KEY, columns, len(rows)), repeat)
+        store_setting, _ = timed(lambda: layout.write_parquet(table, path), repeat)
+        dictionary, _ = timed(lambda: pq.write_table(table, path), repeat)
+        print(f"    {'':30}  {name:<8} {validate:9.2f} {arrow:9.2f} {store_setting:8.2f} {dictionary:9.2f}")
 
 
 def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
@@ -141,7 +163,8 @@ def bench_training(root: Path, steps: int) -> None:
 
     config_path = Path(__file__).resolve().parents[1] / "configs" / "embedded.yaml"
     print(f"\n(c) store writes inside real training: configs/embedded.yaml, {steps} steps, no evals")
-    print(f"    {'run':<8} {'step s':>7} {'store ms':>9} {'share':>7}  (medians over steps 1..; share = sum store / sum step)")
+    print(f"    {'run':<8} {'step s':>7} {'store ms':>9} {'share':>7}  "
+          "(medians over steps 1..; share = sum store / sum step)")
     for name, overrides in (("fastrl", []), ("grpo", ["pruner=none", "budget=fixed"])):
         config = load_config(config_path, [f"steps={steps}", "eval_every=0", "checkpoint_every=0",
                                            f"store_dir={root}", f"run_name=bench-{name}", *overrides])
@@ -158,7 +181,8 @@ def bench_training(root: Path, steps: int) -> None:
     files = len(list(root.glob("runs/*/images/*.parquet")))
     cold, _ = timed(lambda: (readers._images_cache.clear(), store.read_image(root, ref)), 3)
     warm, _ = timed(lambda: store.read_image(root, ref), 7)
-    print(f"    read_image of a last-step prompt: {cold:.1f} ms cold (indexes {files} images files), {warm:.1f} ms warm")
+    print(f"    read_image of a last-step prompt: {cold:.1f} ms cold (indexes {files} images files), "
+          f"{warm:.1f} ms warm")
 
 
 def main() -> None:

@@ -277,7 +277,7 @@ class Trainer:
             for g, p in enumerate(problems)
         ]
         rows = []
-        if self.config.log_rollouts:  # plain lists first: indexing a tensor per value costs ~1 ms a step
+        if self.config.log_rollouts:  # plain lists first: indexing a tensor once per value is slow
             lengths = rollouts.completion_mask.sum(1).tolist()
             sketch_rows = sketches.detach().float().cpu().numpy() if sketches is not None else None  # rows: views
             prompt_index, advantage = rollouts.prompt_index.tolist(), advantages.tolist()

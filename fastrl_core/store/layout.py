@@ -72,8 +72,8 @@ def write_parquet(table: pa.Table, path: Path) -> None:
     """Write `table` to `path` atomically (temp file, then rename). Not fsynced: survives a killed process,
     not a power cut."""
     tmp = _tmp(path)
-    strings = [field.name for field in table.schema if pa.types.is_string(field.type)]
-    pq.write_table(table, tmp, use_dictionary=strings)  # not on sketches: floats don't repeat (~2x faster, smaller)
+    strings = [field.name for field in table.schema if pa.types.is_string(field.type)]  # floats don't repeat: no
+    pq.write_table(table, tmp, use_dictionary=strings)  # dictionary for them (benchmarks/bench_store.py (a))
     os.replace(tmp, path)
 
 

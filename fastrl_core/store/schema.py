@@ -145,7 +145,7 @@ def _sketch_array(value: object, where: str) -> np.ndarray:
 def validate_rows(table: str, rows: list[dict], columns: list[Column], *, extra_numeric: bool = False) -> dict:
     """Check `rows` against `columns`; return {column: values} (extra keys sorted after the declared ones).
 
-    Checked a column at a time on the set of value types it holds (a step's 128 rollouts cost ~0.2 ms); the
+    Checked a column at a time on the set of value types it holds (benchmarks/bench_store.py (a) times it); the
     first offending row is looked up only to name it in the error. Sketches come back as one (n, D) float32
     array, or None when no row has one (all rows must agree, and every sketch of the table must have the same
     D). With `extra_numeric`, unknown keys are accepted as extra columns of numbers or of bools (None allowed);

@@ -184,9 +184,9 @@ class RunWriter:
             layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step))
 
     def _write_images(self, step: int, images: dict[str, bytes]) -> None:
-        """One file per step with the images this run uses for the first time (a PNG file per image cost 1.5–3.5 ms
-        of a first-epoch step on the embedded default; this file ~1 ms). Re-writing a step keeps the images its
-        old file had: later steps may use them."""
+        """One file per step with the images this run uses for the first time, not a file per image (16 of them
+        in each first-epoch step of the embedded default). Re-writing a step keeps the images its old file had:
+        later steps may use them."""
         path = layout.step_file(self.store_dir, self.run_id, "images", step)
         refs, pngs = list(images), list(images.values())
         if path.exists():

@@ -50,17 +50,26 @@ SKETCH_PRUNERS = {"fastrl"}  # pruners that read gradient sketches; others are n
 
 @dataclass
 class PhaseTimer:
-    """Seconds spent per phase within one step."""
+    """Wall-clock seconds and process CPU seconds spent per phase within one step.
+
+    CPU time is `time.process_time()`: the CPU time of every thread of this process, so torch's intra-op worker
+    threads are counted (`thread_time` would count only the calling thread and miss most of a 2-thread matmul).
+    Unlike wall-clock it does not grow while a neighbouring job holds the cores, though cache and memory-bandwidth
+    contention still inflate it a little; OpenMP workers spin-waiting after a parallel region also count (none at
+    threads=1). Other threads of the process (e.g. a dashboard in the same process) would count too.
+    """
 
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @contextmanager
     def phase(self, name: str):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.seconds[name] += time.perf_counter() - start
+            self.cpu_seconds[name] += time.process_time() - cpu_start
 
     @property
     def total(self) -> float:
@@ -143,7 +152,7 @@ class Trainer:
         self.answer_style = answer_style(config.template)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.budget_state = budget_init(config.budget, n=config.rollouts_per_prompt, **config.budget_args)
-        self.step, self.train_seconds, self._last_store_seconds = 0, 0.0, 0.0
+        self.step, self.train_seconds, self._last_store = 0, 0.0, (0.0, 0.0)
         self._images: dict[str, tuple[str, bytes]] = {}
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
@@ -241,13 +250,14 @@ class Trainer:
             "zero_variance_groups": int((group_reward_std == 0).sum()), "lr": self.optimizer.param_groups[0]["lr"],
             "epoch_end": epoch_end, **metrics,
         }
-        # a step's own write cannot be in its own row: time_store is the previous step's write
-        timer.seconds["store"] = self._last_store_seconds
-        start = time.perf_counter()
-        self._record(row, timer, problems, rollouts, rollout_problems, parts, advantages, decision, sketches,
-                     group_reward_mean, group_reward_std, sampled, kept_counts)
-        self._last_store_seconds = time.perf_counter() - start
-        self.train_seconds += self._last_store_seconds
+        # a step's own write cannot be in its own row: time_store / cpu_store are the previous step's write
+        timer.seconds["store"], timer.cpu_seconds["store"] = self._last_store
+        store_timer = PhaseTimer()
+        with store_timer.phase("store"):
+            self._record(row, timer, problems, rollouts, rollout_problems, parts, advantages, decision, sketches,
+                         group_reward_mean, group_reward_std, sampled, kept_counts)
+        self._last_store = (store_timer.seconds["store"], store_timer.cpu_seconds["store"])
+        self.train_seconds += store_timer.seconds["store"]
 
         # 10. budget: new state from this step's pruning decisions
         self.budget_state = budget_update(config.budget, self.budget_state, StepOutcome(
@@ -293,7 +303,8 @@ class Trainer:
                     "sketch": sketch_rows[i] if sketch_rows is not None else None,
                 })
         step_row = {**row, "wall_time": self.train_seconds,
-                    **{f"time_{name}": seconds for name, seconds in timer.seconds.items()}}
+                    **{f"time_{name}": seconds for name, seconds in timer.seconds.items()},
+                    **{f"cpu_{name}": seconds for name, seconds in timer.cpu_seconds.items()}}
         self.writer.write_step(row["step"], step_row=step_row, groups=groups, rollouts=rows, images=images)
 
     # ---------------------------------------------------------------- loop

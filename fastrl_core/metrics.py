@@ -7,8 +7,8 @@ Per run (one method under one seed), from its steps rows and evaluation rows:
   - final accuracy: mean of the last `WINDOW` (3) evaluations after the warm start;
   - train seconds for the run's steps, seconds per step (wall and CPU), seconds per step in each phase;
   - rollouts sampled and kept;
-  - time to target: training seconds at the first evaluation whose trailing mean of `WINDOW` evaluations reaches
-    the target (None = never reached: kept in the table as "never", not dropped);
+  - time to target: training seconds at the first evaluation whose trailing mean of `WINDOW` evaluations (after
+    the warm start's) reaches the target (None = never reached: kept in the table as such, not dropped);
   - area under the accuracy-time curve: mean accuracy over [0, horizon] seconds, the curve linear between
     evaluations; the horizon is common to every run compared (by default the shortest run's training time, so
     every curve is observed over all of it).
@@ -164,11 +164,10 @@ def first_reach(x: Sequence[float], y: Sequence[float], target: float) -> float 
 
 def time_to_target(curve: pd.DataFrame, target: float, *, x: str = "wall_time", window: int = WINDOW
                    ) -> float | None:
-    """`x` (training seconds) at the first evaluation after step 0 whose trailing mean of `window` evaluations
-    reaches `target`; None when the run never does."""
-    smooth = trailing_mean(curve["accuracy"], window)
-    after = curve["step"].to_numpy() > 0
-    return first_reach(curve[x].to_numpy()[after], smooth[after], target)
+    """`x` (training seconds) at the first evaluation after step 0 whose trailing mean of up to `window`
+    evaluations after step 0 reaches `target`; None when the run never does."""
+    trained = curve[curve["step"] > 0]
+    return first_reach(trained[x].to_numpy(), trailing_mean(trained["accuracy"], window), target)
 
 
 def area_under_curve(curve: pd.DataFrame, horizon: float, *, x: str = "wall_time") -> float:

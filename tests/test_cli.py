@@ -1,4 +1,6 @@
-"""The command line: eval into the store, bench arguments, and `fastrl demo` (the README's main job) end to end."""
+"""The command line: eval into the store and `fastrl demo` (the README's main job) end to end.
+
+`fastrl bench` is tested in tests/test_bench.py."""
 
 import signal
 import socket
@@ -11,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from fastrl_core import store
-from fastrl_core.bench import METHODS, RunResult, baseline_of, summarise
 from fastrl_core.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,28 +31,6 @@ def test_eval_on_real_problems_writes_the_store(tmp_path, capsys):
 def test_train_rejects_an_unknown_key_with_the_valid_names():
     with pytest.raises(KeyError, match="unknown config key 'stepz'; valid keys"):
         main(["train", str(REPO / "configs" / "embedded.yaml"), "stepz=3"])
-
-
-def test_bench_rejects_unknown_methods_and_pairs_each_with_its_baseline(capsys):
-    with pytest.raises(SystemExit):
-        main(["bench", "--methods", "grpo,nope"])
-    assert "unknown method" in capsys.readouterr().err
-    assert baseline_of("fastrl+gspo") == "grpo+gspo" and baseline_of("cppo") == "grpo"
-    assert all(baseline_of(m) in METHODS for m in METHODS)
-
-
-def test_bench_speedup_compares_smoothed_times_to_the_same_target():
-    """GRPO's smoothed final accuracy (0.5+0.6+0.7)/3 = 0.6; its smoothed curve 0.4, 0.45, 0.5, 0.6 first reaches it
-    at its last evaluation (30 s). The other run's smoothed curve 0.4, 0.55, 0.6333 reaches 0.6 at 20 s (not at 10 s,
-    where its raw accuracy 0.7 already exceeds it) -> speedup 30/20 = 1.5; 200 steps in 20 s vs 30 s -> 1.5 per step."""
-    grpo = RunResult("grpo", "g", 30.0, 0.7, 0.7, 0.4, 10, 10, {}, [(0, 0.0, 0.4), (1, 10.0, 0.5), (2, 20.0, 0.6),
-                                                                     (3, 30.0, 0.7)])
-    fast = RunResult("fastrl", "f", 20.0, 0.7, 0.7, 0.4, 10, 5, {}, [(0, 0.0, 0.4), (1, 10.0, 0.7), (2, 20.0, 0.8)])
-    rows = {r["method"]: r for r in summarise([grpo, fast])}
-    assert rows["grpo"]["target_accuracy"] == pytest.approx(0.6)
-    assert rows["grpo"]["time_to_target"] == 30.0 and rows["fastrl"]["time_to_target"] == 20.0
-    assert rows["fastrl"]["speedup"] == pytest.approx(1.5)
-    assert rows["fastrl"]["step_time_ratio"] == pytest.approx(1.5)
 
 
 def _free_port() -> int:

@@ -100,11 +100,11 @@ def test_compare_runs_by_hand():
     table = metrics.compare_runs(*designed()).set_index("run_id")
     # GRPO finals 0.6 and 0.5 -> mean 0.55; acc0 0.3; target 0.3 + 0.9 * 0.25 = 0.525
     assert table["target_accuracy"].tolist() == pytest.approx([0.525] * 4)
-    # trailing means of 3 evals: grpo-0 0.35, 0.4, 0.5, 0.6 -> 4 s; grpo-1 0.4, 0.433, 0.5, 0.5 -> never;
-    # fastrl-0 0.45, 0.5, 0.6 -> step 3 = 1.5 s; fastrl-1 0.45, 0.533 -> step 2 = 1.0 s
+    # trailing means of up to 3 evals after step 0: grpo-0 0.4, 0.45, 0.5, 0.6 -> step 4 = 4 s; grpo-1 0.5 ... ->
+    # never; fastrl-0 0.6 -> step 1 = 0.5 s; fastrl-1 0.6 -> 0.5 s
     assert table.loc["grpo-0", "time_to_target"] == 4.0 and table.loc["grpo-1", "time_to_target"] is None
-    assert table.loc["fastrl-0", "time_to_target"] == 1.5 and table.loc["fastrl-1", "time_to_target"] == 1.0
-    assert table.loc["fastrl-0", "target_speedup"] == pytest.approx(4 / 1.5)
+    assert table.loc["fastrl-0", "time_to_target"] == 0.5 and table.loc["fastrl-1", "time_to_target"] == 0.5
+    assert table.loc["fastrl-0", "target_speedup"] == pytest.approx(8.0)
     assert table.loc["fastrl-1", "target_speedup"] is None  # its GRPO pair never reached the target
     assert table.loc["fastrl-0", "step_speedup"] == pytest.approx(2.0)  # 4 s vs 2 s for the same 4 steps
     assert table.loc["fastrl-1", "cpu_step_speedup"] == pytest.approx(4.0)  # 3.2 vs 0.8 CPU s
@@ -126,8 +126,8 @@ def test_summarise_gives_intervals_over_seeds():
     step = metrics.interval(fastrl, "step_speedup")
     assert (step.mean, step.low, step.high, step.n) == pytest.approx((2.0, 2.0, 2.0, 2))
     target = metrics.interval(fastrl, "target_speedup")  # one pair: a value without an interval
-    assert target.mean == pytest.approx(4 / 1.5) and target.n == 1 and math.isnan(target.low)
-    assert target.text(".2f", "×") == "2.67× (n=1)"
+    assert target.mean == pytest.approx(8.0) and target.n == 1 and math.isnan(target.low)
+    assert target.text(".2f", "×") == "8.00× (n=1)"
 
 
 def test_band_is_the_mean_of_the_seeds_curves_with_their_interval():
@@ -149,3 +149,10 @@ def test_run_labels_read_bench_names_and_fall_back_to_the_config():
     assert labels["method"].tolist() == ["fastrl+gspo", "grpo", "cppo·fixed+dapo"]
     assert labels["seed"].tolist() == [3, 0, 7] and labels["is_baseline"].tolist() == [False, True, False]
     assert metrics.bench_run_name("fastrl+gspo", 3) == "bench-fastrl+gspo-seed3"
+
+
+def test_time_to_target_ignores_the_warm_start_and_says_never():
+    curve = pd.DataFrame({"step": [0, 2, 4, 6], "wall_time": [0.0, 1.0, 2.0, 3.0], "accuracy": [0.9, 0.5, 0.7, 0.6]})
+    assert metrics.time_to_target(curve, 0.6) == 2.0  # trailing means 0.5, 0.6: the 0.9 at step 0 never counts
+    assert metrics.time_to_target(curve, 0.61) is None
+    assert metrics.time_to_target(curve, 0.5, x="step") == 2.0

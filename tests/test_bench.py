@@ -114,3 +114,35 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     assert runs.loc[stale, "status"] == "stopped" and len(runs) == 5
     again = json.loads((out / "results.json").read_text())
     assert {r["run_id"] for r in again["runs"]} == (set(ids) - {stale}) | (set(runs.index) - set(ids))
+
+
+def test_a_store_without_cpu_columns_still_reads_compacts_and_compares(tmp_path):
+    """Steps rows written before `cpu_<phase>` existed (the synthetic steps have none) beside a run that has them."""
+    import duckdb
+
+    from fastrl_core.store.synthetic import synthetic_step
+
+    def write(method: str, pruner: str, cpu: bool) -> str:
+        writer = store.RunWriter(tmp_path, name=metrics.bench_run_name(method, 0), config={"seed": 0}, model="m",
+                                 dataset="d", objective="grpo", pruner=pruner, budget="fixed", code_version="t")
+        for step in range(3):
+            kwargs = synthetic_step(step)
+            if cpu:
+                kwargs["step_row"].update({f"cpu_{p}": 0.01 for p in store.PHASES})
+            writer.write_step(step, **kwargs)
+            writer.write_eval(step, "test", 0.5, 8)
+        writer.finish()
+        return writer.run_id
+
+    old, new = write("grpo", "none", cpu=False), write("cppo", "cppo", cpu=True)
+    steps = store.read_steps(tmp_path, [old, new])
+    assert steps.loc[steps["run_id"] == old, "cpu_update"].isna().all()
+    assert (steps.loc[steps["run_id"] == new, "cpu_update"] == 0.01).all()
+    assert store.read_steps(tmp_path, old)["step"].tolist() == [0, 1, 2]
+    with duckdb.connect(str(store.compact(tmp_path, old)), read_only=True) as con:
+        assert con.sql("SELECT count(*) FROM steps").fetchall() == [(3,)]
+    with duckdb.connect(str(store.compact(tmp_path, new)), read_only=True) as con:
+        assert con.sql("SELECT sum(cpu_update) FROM steps").fetchall()[0][0] == pytest.approx(0.03)
+    table = metrics.compare_runs(metrics.run_labels(store.read_runs(tmp_path)), steps,
+                                 store.read_evals(tmp_path, [old, new])).set_index("method")
+    assert table.loc["cppo", "step_speedup"] is not None and table.loc["cppo", "cpu_step_speedup"] is None

@@ -76,6 +76,9 @@ def plan(methods: list[str], seeds: list[int], seeds_for: dict[str, list[int]]) 
     unknown = [m for m in [*methods, *seeds_for] if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    idle = sorted(set(seeds_for) - set(methods) - {baseline_of(m) for m in methods})
+    if idle:
+        raise ValueError(f"--seeds-for names {idle}, not among the methods {methods} or their baselines")
     chosen = {m: list(seeds_for.get(m, seeds)) for m in methods}
     for method in list(chosen):
         base = baseline_of(method)

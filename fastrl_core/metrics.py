@@ -218,8 +218,9 @@ def seconds_for_steps(steps: pd.DataFrame, n: int, *, cpu: bool = False) -> floa
 # ----------------------------------------------------------------------------------------------- the comparison
 def run_labels(runs: pd.DataFrame) -> pd.DataFrame:
     """Method and seed of each run of a store (read_runs rows): bench runs by their name (`bench_run_name`),
-    others by pruner·budget (+objective when not grpo) and the seed in their config. Columns: run_id, method,
-    seed, objective, is_baseline (plain GRPO: pruner none, budget fixed)."""
+    others from pruner and budget (`grpo` for none + fixed, `cppo` for cppo + fixed, `fastrl·adaptive`; then
+    `+objective` when not grpo) and the seed in their config. Columns: run_id, method, seed, objective,
+    is_baseline (plain GRPO: pruner none, budget fixed)."""
     rows = []
     for run in runs.itertuples(index=False):
         config = json.loads(run.config) if isinstance(run.config, str) and run.config else {}
@@ -227,7 +228,9 @@ def run_labels(runs: pd.DataFrame) -> pd.DataFrame:
         if match:
             method, seed = match["method"], int(match["seed"])
         else:
-            method = f"{run.pruner}·{run.budget}" + ("" if run.objective == "grpo" else f"+{run.objective}")
+            base = "grpo" if (run.pruner, run.budget) == ("none", "fixed") else (
+                run.pruner if run.budget == "fixed" else f"{run.pruner}·{run.budget}")
+            method = base + ("" if run.objective == "grpo" else f"+{run.objective}")
             seed = int(config.get("seed", 0))
         rows.append({"run_id": run.run_id, "method": method, "seed": seed, "objective": run.objective,
                      "is_baseline": run.pruner == "none" and run.budget == "fixed"})
@@ -295,7 +298,8 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return float(numerator) / float(denominator)
 
 
-SUMMARY_MEANS = ["final_accuracy", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "kept_fraction",
+SUMMARY_MEANS = ["final_accuracy", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "rollouts_kept",
+                 "kept_fraction",
                  *[f"{kind}_{p}" for p in PHASES for kind in ("time", "cpu")]]
 SUMMARY_RATIOS = ["step_speedup", "cpu_step_speedup", "target_speedup"]
 

@@ -463,3 +463,6 @@ def test_demo_page_without_a_baseline_says_so(monkeypatch, tmp_path):
     write_run(tmp_path, "fastrl", steps=2, finish=False)
     at = open_page(monkeypatch, tmp_path, "demo")
     assert "no plain-GRPO run" in texts(at)
+    runs = open_page(monkeypatch, tmp_path, None)  # a live run without evaluations or baseline: no error
+    assert "no evaluations yet" in texts(runs)
+    assert frame(runs, "methods_table").loc[0, "step speed-up"] == "—"

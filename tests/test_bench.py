@@ -24,6 +24,8 @@ def test_plan_adds_each_baseline_with_the_seeds_it_is_paired_on():
     assert all(bench.baseline_of(m) in bench.METHODS for m in bench.METHODS)
     with pytest.raises(ValueError, match=r"unknown method\(s\) \['nope'\]"):
         bench.plan(["grpo", "nope"], [0], {})
+    with pytest.raises(ValueError, match=r"--seeds-for names \['cppo'\]"):
+        bench.plan(["fastrl"], [0], {"cppo": [1]})
     assert bench.parse_seeds("0, 2,5", "--seeds") == [0, 2, 5]
     for bad in ("", "0,0", "a", "-1"):
         with pytest.raises(ValueError, match="--seeds"):

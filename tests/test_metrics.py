@@ -141,13 +141,16 @@ def test_band_is_the_mean_of_the_seeds_curves_with_their_interval():
 
 
 def test_run_labels_read_bench_names_and_fall_back_to_the_config():
-    runs = pd.DataFrame({"run_id": ["r1", "r2", "r3"], "name": ["bench-fastrl+gspo-seed3", "bench-grpo-seed0", "x"],
-                         "config": ['{"seed": 3}', '{"seed": 0}', '{"seed": 7}'],
-                         "pruner": ["fastrl", "none", "cppo"], "budget": ["adaptive", "fixed", "fixed"],
-                         "objective": ["gspo", "grpo", "dapo"]})
+    runs = pd.DataFrame({"run_id": ["r1", "r2", "r3", "r4", "r5"],
+                         "name": ["bench-fastrl+gspo-seed3", "bench-grpo-seed0", "x", "fastrl", "grpo"],
+                         "config": ['{"seed": 3}', '{"seed": 0}', '{"seed": 7}', "{}", '{"seed": 1}'],
+                         "pruner": ["fastrl", "none", "cppo", "fastrl", "none"],
+                         "budget": ["adaptive", "fixed", "fixed", "adaptive", "fixed"],
+                         "objective": ["gspo", "grpo", "dapo", "grpo", "grpo"]})
     labels = metrics.run_labels(runs)
-    assert labels["method"].tolist() == ["fastrl+gspo", "grpo", "cppo·fixed+dapo"]
-    assert labels["seed"].tolist() == [3, 0, 7] and labels["is_baseline"].tolist() == [False, True, False]
+    assert labels["method"].tolist() == ["fastrl+gspo", "grpo", "cppo+dapo", "fastrl·adaptive", "grpo"]
+    assert labels["seed"].tolist() == [3, 0, 7, 0, 1]
+    assert labels["is_baseline"].tolist() == [False, True, False, False, True]
     assert metrics.bench_run_name("fastrl+gspo", 3) == "bench-fastrl+gspo-seed3"
 
 

@@ -105,6 +105,13 @@ def write_run(root: Path, kind: str, *, seed: int = 0, steps: int = STEPS, finis
     return writer
 
 
+def train_command(store_dir: Path, name: str, *overrides: str) -> list[str]:
+    """`fastrl train` on the embedded default, FastRL or the plain-GRPO baseline (the browser test's live run)."""
+    pruner = ["pruner=none", "budget=fixed"] if name == "grpo" else ["pruner=fastrl", "budget=adaptive"]
+    return [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+            f"store_dir={store_dir}", f"run_name={name}", *SHORT_RUN, *pruner, *overrides]
+
+
 def bench_command(store_dir: Path) -> list[str]:
     """`fastrl bench` on the embedded default (the shipped warm start): GRPO and FastRL, seeds 0 and 1."""
     return [sys.executable, "-m", "fastrl_core.cli", "bench", "--config", str(REPO / "configs" / "embedded.yaml"),

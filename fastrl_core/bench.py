@@ -331,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             if not sep:
                 raise ValueError(f"--seeds-for: expected METHOD=SEEDS, got {item!r}")
             seeds_for[method.strip()] = parse_seeds(text, f"--seeds-for {method}")
+        owned = [o for o in args.overrides if o.partition("=")[0] in ("seed", "store_dir", "run_name")]
+        if owned:
+            raise ValueError(f"override(s) {owned}: the bench sets seed (--seeds), store_dir (--store) and run_name")
         chosen = plan([m.strip() for m in args.methods.split(",") if m.strip()], seeds, seeds_for)
         configs = {(m, s): method_config(args.config, m, s, args.store, args.overrides)
                    for m, method_seeds in chosen.items() for s in method_seeds}

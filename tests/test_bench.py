@@ -45,6 +45,9 @@ def test_bench_rejects_unknown_and_unregistered_methods_before_training(monkeypa
     with pytest.raises(SystemExit):
         main(["bench", "--seeds-for", "grpo:1", "--store", str(tmp_path)])
     assert "expected METHOD=SEEDS" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--store", str(tmp_path), "steps=2", "seed=3"])
+    assert "the bench sets seed (--seeds)" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # nothing was trained
 
 

@@ -149,6 +149,13 @@ def _looks_local(value: str) -> bool:
             or len(path.parts) > 2)
 
 
+def check_source(key: str, value: str, special: str, where: str = "") -> None:
+    """A model / dataset given as a local path must exist (a hub name 'owner/name' is left to the loader)."""
+    if value != special and _looks_local(value) and not Path(value).expanduser().exists():
+        raise ConfigError(f"{where}{key}={value!r}: no such file or folder (give {special!r}, a hub name "
+                          "'owner/name' or an existing local path)")
+
+
 def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) -> TrainConfig:
     """`config` checked and resolved (argument values coerced to their parameter types, `recompute_old_logprobs`
     auto -> a bool); raises ConfigError naming the key, the bad value and the valid ones. Pure: touches no model,
@@ -171,7 +178,8 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
             coerce(value, allowed, f.name, where(f.name))
         bounds = f.metadata.get("bounds")
         if bounds and isinstance(value, (int, float)) and not isinstance(value, bool) and not in_bounds(value, bounds):
-            raise ConfigError(f"{where(f.name)}{f.name}={value!r} is out of range: it must be {describe_bounds(bounds)}")
+            raise ConfigError(f"{where(f.name)}{f.name}={value!r} is out of range: it must be "
+                              f"{describe_bounds(bounds)}")
 
     for key, valid in registry_names().items():
         value = getattr(config, key)
@@ -200,10 +208,7 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
         raise ConfigError(f"{where('sketch', 'sketch_top_k', 'engine', 'pruner')}{error}") from None
 
     for key, special in (("model", "embedded"), ("dataset", "synthetic")):
-        value = getattr(config, key)
-        if value != special and _looks_local(value) and not Path(value).expanduser().exists():
-            raise ConfigError(f"{where(key)}{key}={value!r}: no such file or folder (give {special!r}, a hub name "
-                              "'owner/name' or an existing local path)")
+        check_source(key, getattr(config, key), special, where(key))
 
     updates["recompute_old_logprobs"] = resolve_recompute_old_logprobs(config.engine, config.recompute_old_logprobs)
     return dataclasses.replace(config, **updates)

@@ -39,8 +39,12 @@ def _eval(args: argparse.Namespace) -> int:
     from fastrl_core.data.problems import load_problems
     from fastrl_core.data.templates import TEMPLATES
 
+    from fastrl_core.checks import check_source
+
     if args.template not in TEMPLATES:  # before any dataset or model loads
         raise ConfigError(f"--template {args.template!r} is unknown; valid: {', '.join(sorted(TEMPLATES))}")
+    check_source("--model", str(args.model), "embedded")
+    check_source("--dataset", args.dataset, "synthetic")
     from fastrl_core.evaluate import evaluate
     from fastrl_core.policy import load_policy
     from fastrl_core.store import RunWriter

@@ -50,15 +50,9 @@ def _keyword_parameters(fn: Callable, exclude: set[str]) -> tuple[dict[str, insp
         signature = inspect.signature(fn, eval_str=True)
     except (NameError, TypeError, SyntaxError):  # an annotation that does not evaluate: names only
         signature = inspect.signature(fn)
-    params, var_keyword = {}, False
-    for p in signature.parameters.values():
-        if p.kind is inspect.Parameter.VAR_KEYWORD:
-            var_keyword = True
-        elif p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is not p.empty and p.name not in exclude:
-            params[p.name] = p
-        elif p.kind is p.KEYWORD_ONLY and p.name not in exclude:
-            params[p.name] = p  # required keyword: still settable
-    return params, var_keyword
+    params = {p.name: p for p in signature.parameters.values() if p.name not in exclude and (
+        p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD and p.default is not p.empty)}
+    return params, any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
 
 
 def argument_parameters(key: str, name: str) -> tuple[dict[str, inspect.Parameter], bool]:
@@ -145,8 +139,8 @@ def _looks_local(value: str) -> bool:
     """A path rather than a hub name ("owner/name"): absolute, starting with '.' or '~', a .jsonl/.parquet file, or
     more than two path parts."""
     path = Path(value)
-    return (path.is_absolute() or value.startswith((".", "~")) or path.suffix in (".jsonl", ".parquet", ".yaml")
-            or len(path.parts) > 2)
+    return path.is_absolute() or value.startswith((".", "~")) or path.suffix in (".jsonl", ".parquet") \
+        or len(path.parts) > 2
 
 
 def check_source(key: str, value: str, special: str, where: str = "") -> None:
@@ -158,9 +152,9 @@ def check_source(key: str, value: str, special: str, where: str = "") -> None:
 
 def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) -> TrainConfig:
     """`config` checked and resolved (argument values coerced to their parameter types, `recompute_old_logprobs`
-    auto -> a bool); raises ConfigError naming the key, the bad value and the valid ones. Pure: touches no model,
-    dataset or store, so a bad config fails in well under a second. `sources` maps keys to where they were set
-    (a file name or "command line"), for the message. Idempotent."""
+    auto -> a bool); raises ConfigError naming the key, the bad value and the valid ones. Touches no model, dataset
+    or store. `sources` maps keys to where they were set (a file name or "command line"), for the message.
+    Idempotent: check_config(check_config(c)) == check_config(c)."""
     from fastrl_core.engines.resolve import (ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs,
                                              resolve_sketch)
 
@@ -170,23 +164,24 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
         found = [sources[k] for k in keys if k in sources]
         return f"{found[-1]}: " if found else ""
 
-    hints = typing.get_type_hints(TrainConfig)
+    hints, coerced = typing.get_type_hints(TrainConfig), {}
     for f in dataclasses.fields(TrainConfig):
         value = getattr(config, f.name)
         allowed = allowed_types(hints.get(f.name))
         if allowed is not None:
-            coerce(value, allowed, f.name, where(f.name))
+            value = coerced[f.name] = coerce(value, allowed, f.name, where(f.name))
         bounds = f.metadata.get("bounds")
         if bounds and isinstance(value, (int, float)) and not isinstance(value, bool) and not in_bounds(value, bounds):
             raise ConfigError(f"{where(f.name)}{f.name}={value!r} is out of range: it must be "
                               f"{describe_bounds(bounds)}")
+    config = dataclasses.replace(config, **coerced)  # a TrainConfig built in code may hold an int for a float
 
     for key, valid in registry_names().items():
         value = getattr(config, key)
         if value not in valid:
             raise ConfigError(f"{where(key)}{key}={value!r} is unknown; valid: {', '.join(valid)}")
 
-    updates = {key: _check_arguments(config, key, lambda k: where(k)) for key in ARGUMENT_KEYS}
+    updates = {key: _check_arguments(config, key, where) for key in ARGUMENT_KEYS}
     _check_objective_values(config.objective, updates["objective_args"], where("objective_args", "objective"))
     _check_budget_values(config.budget, config.rollouts_per_prompt, updates["budget_args"],
                          where("budget_args", "budget", "rollouts_per_prompt"))

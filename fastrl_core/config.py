@@ -167,12 +167,11 @@ def coerce(value: Any, allowed: tuple[type, ...], key: str, where: str) -> Any:
 
 def field_types() -> dict[str, tuple[type, ...]]:
     """Allowed value types per TrainConfig key, from its annotation (read now: other modules may add fields)."""
-    hints = typing.get_type_hints(TrainConfig)
+    hints, defaults = typing.get_type_hints(TrainConfig), TrainConfig()
     out = {}
     for f in dataclasses.fields(TrainConfig):
         allowed = allowed_types(hints.get(f.name))
-        default = getattr(TrainConfig(), f.name)
-        out[f.name] = allowed if allowed is not None else (type(default),)
+        out[f.name] = allowed if allowed is not None else (type(getattr(defaults, f.name)),)
     return out
 
 

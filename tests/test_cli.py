@@ -138,3 +138,19 @@ def test_demo_trains_both_runs_serves_the_app_and_stops_cleanly(tmp_path):
         time.sleep(0.5)
     else:
         pytest.fail("the app server outlived the demo")
+
+
+def test_eval_skip_bad_on_the_shipped_sample_counts_and_scores_the_good_rows(tmp_path, capsys):
+    import json
+
+    sample = REPO / "tests" / "data" / "geometry3k-sample"
+    rows = [dict(row, image=str(sample / row["image"]))
+            for row in map(json.loads, (sample / "problems.jsonl").read_text().splitlines())][:5]
+    rows.insert(2, dict(rows[0], id="broken", image="images/missing.png"))
+    dataset = tmp_path / "data"
+    dataset.mkdir()
+    (dataset / "problems.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["eval", "--dataset", str(dataset), "--store", str(tmp_path / "store"), "--batch-size", "5"]
+    assert main(args) == 2 and "row 2 (id 'broken')" in capsys.readouterr().err
+    assert main([*args, "--skip-bad"]) == 0
+    assert "n=5" in capsys.readouterr().out

@@ -35,11 +35,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from fastrl_core.checks import check_source
     from fastrl_core.config import ConfigError
     from fastrl_core.data.problems import load_problems
     from fastrl_core.data.templates import TEMPLATES
-
-    from fastrl_core.checks import check_source
 
     if args.template not in TEMPLATES:  # before any dataset or model loads
         raise ConfigError(f"--template {args.template!r} is unknown; valid: {', '.join(sorted(TEMPLATES))}")

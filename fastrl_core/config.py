@@ -82,8 +82,8 @@ class TrainConfig:
     sketch: str = option("lm_head", "gradient sketch: lm_head, logprob, tokens")
     sketch_dim: int = option(256, "gradient sketch dimension", bounds=">= 1")
     sketch_top_k: int = option(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the "
-                               "sketch; 0 = the whole vocabulary (exact, and cheapest for small vocabularies; HF engine "
-                               "only: vLLM returns top-K log-probs)", bounds=">= 0")
+                               "sketch; 0 = the whole vocabulary (exact, and cheapest for small vocabularies; HF "
+                               "engine only: vLLM returns top-K log-probs)", bounds=">= 0")
     pruner: str = option("fastrl", "rollout pruner: none, dapo_filter, cppo, pods, fastrl_official, fastrl")
     pruner_args: dict = option({}, "keyword arguments of the pruner")
     keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps", bounds="(0, 1]")

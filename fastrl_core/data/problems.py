@@ -118,8 +118,9 @@ def load_problems(
 
     A bad row (missing key, missing answer, missing or unreadable image, duplicate id) raises DataError (a
     ValueError) naming the file and the row (index and id); with `skip_bad=True` it is skipped instead, logged as a
-    warning, and listed in the result's `skipped`. `limit` stops after that many good problems. Embedded image bytes go to `image_cache`
-    (default ~/.cache/fastrl/images).
+    warning, and listed in the result's `skipped` (`dataset_skip_bad=true` in training, `--skip-bad` in eval).
+    `limit` stops after that many good problems. Embedded image bytes go to `image_cache` (default
+    ~/.cache/fastrl/images).
     """
     cache = Path(image_cache) if image_cache is not None else DEFAULT_IMAGE_CACHE
     path = Path(source)

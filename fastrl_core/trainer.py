@@ -16,7 +16,7 @@ Departures from the authors' verl fork, on purpose: pruning acts per prompt grou
 gradient-sketch DPP (`fastrl`) instead of a token-overlap rule (available as `fastrl_official`);
 with the HF engine the behaviour log-probs from generate are the old log-probs (they match a fresh
 forward to ~1e-6, NOTES §2), so the old pass is skipped for every method alike unless
-`recompute_old_logprobs` is set.
+`recompute_old_logprobs` is set (its default, auto, sets it for vLLM, whose numerics differ).
 """
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, 
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import GroupBatch, Reason, prune
 from fastrl_core.algo.sketches import make_projection, token_sketch
+from fastrl_core.checks import check_config, check_environment
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
+from fastrl_core.engines.resolve import ENGINES, PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import score_completions
 from fastrl_core.store import RunWriter, image_key
 
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "update", "store")
-SKETCH_PRUNERS = {"fastrl"}  # pruners that read gradient sketches; others are not charged for computing them
 
 
 @dataclass
@@ -107,24 +108,26 @@ def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
         root = ensure_dataset(Path(config.store_dir) / "data", n_train=config.synthetic_train,
                               n_test=config.synthetic_test, seed=0)
         return load_problems(root / config.train_split), load_problems(root / config.test_split)
-    return (load_problems(config.dataset, split=config.train_split),
-            load_problems(config.dataset, split=config.test_split))
+    return (load_problems(config.dataset, split=config.train_split, skip_bad=config.dataset_skip_bad),
+            load_problems(config.dataset, split=config.test_split, skip_bad=config.dataset_skip_bad))
 
 
 def make_engine(config: TrainConfig, policy, projection):
+    """The rollout engine; `projection` is set exactly when the resolved sketch (`resolve_sketch`) is computed
+    while sampling (lm_head on HF, logprob on vLLM), and sketch_top_k goes to the engine as given."""
     if config.engine == "hf":
         from fastrl_core.engines.hf import HFEngine
 
         return HFEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                         temperature=config.temperature, sketch_projection=projection,
-                        sketch_top_k=config.sketch_top_k or None)
+                        sketch_top_k=config.sketch_top_k or None)  # 0 = the whole vocabulary
     if config.engine == "vllm":
         from fastrl_core.engines.vllm import VLLMEngine
 
         return VLLMEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                           temperature=config.temperature, sketch_projection=projection,
-                          sketch_top_k=config.sketch_top_k or 20)
-    raise ValueError(f"unknown engine {config.engine!r}; choose 'hf' or 'vllm'")
+                          sketch_top_k=config.sketch_top_k)
+    raise ValueError(f"unknown engine {config.engine!r}; choose one of {sorted(ENGINES)}")
 
 
 class Trainer:
@@ -134,6 +137,8 @@ class Trainer:
         from fastrl_core.evaluate import evaluate
         from fastrl_core.policy import load_policy
 
+        config = check_config(config)  # also for a TrainConfig built in code; resolves the auto values
+        check_environment(config)
         self.config, self.progress, self._evaluate = config, progress, evaluate
         torch.set_num_threads(config.threads)
         self.train_set, self.test_set = load_datasets(config)
@@ -144,7 +149,8 @@ class Trainer:
         self.beta = float(config.objective_args.get("beta", 0.0))
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if self.beta > 0 else None
         self.projection = None
-        if config.pruner in SKETCH_PRUNERS and config.sketch == "lm_head":
+        self.sketch_kind = resolve_sketch(config.engine, config.sketch, config.sketch_top_k, config.pruner)
+        if self.sketch_kind in PROJECTED_SKETCHES:
             out = model.get_output_embeddings().weight
             self.projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim,
                                               seed=config.seed).to(out.device)
@@ -195,7 +201,7 @@ class Trainer:
         # 5. sketch
         with timer.phase("sketch"):
             sketches = rollouts.sketches
-            if config.pruner in SKETCH_PRUNERS and config.sketch == "tokens":
+            if self.sketch_kind == "tokens":
                 sketches = token_sketch(rollouts.completion_ids, rollouts.completion_mask, dim=config.sketch_dim,
                                         seed=config.seed)
             token_ids = None

@@ -90,8 +90,14 @@ def plan(methods: list[str], seeds: list[int], seeds_for: dict[str, list[int]]) 
 
 def method_config(config_path: str | Path, method: str, seed: int, store: str, overrides: list[str]
                   ) -> TrainConfig:
-    return load_config(config_path, [*overrides, *METHODS[method], f"seed={seed}", f"store_dir={store}",
-                                     f"run_name={metrics.bench_run_name(method, seed)}"])
+    """The method's config under `seed`; a config the loader rejects (e.g. a pruner that is not registered yet)
+    raises naming the method."""
+    try:
+        return load_config(config_path, [*overrides, *METHODS[method], f"seed={seed}", f"store_dir={store}",
+                                         f"run_name={metrics.bench_run_name(method, seed)}"])
+    except (ValueError, KeyError) as error:
+        text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        raise ValueError(f"method {method!r} ({' '.join(METHODS[method])}): {text}") from None
 
 
 def check_registered(configs: dict[tuple[str, int], TrainConfig]) -> None:

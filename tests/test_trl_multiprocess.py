@@ -94,8 +94,8 @@ def worker(out_dir: Path, model_dir: Path) -> None:
                       num_generations=NUM_GENERATIONS, steps_per_generation=STEPS_PER_GENERATION,
                       max_completion_length=6, max_steps=MAX_STEPS, beta=0.04, learning_rate=1e-3, seed=SEED,
                       use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
-    trainer = Recording(model=str(model_dir), reward_funcs=[flat_on_one_rank_accuracy], args=args, train_dataset=dataset,
-                        processing_class=tokenizer, pruner="fastrl", keep_ratio=KEEP_RATIO, min_keep=MIN_KEEP,
+    trainer = Recording(model=str(model_dir), reward_funcs=[flat_on_one_rank_accuracy], args=args,
+                        train_dataset=dataset, processing_class=tokenizer, pruner="fastrl", keep_ratio=KEEP_RATIO, min_keep=MIN_KEEP,
                         sketch_dim=SKETCH_DIM, store_dir=str(out_dir / "store"), run_name="trl-2proc")
     trainer.train()
     rank = trainer.accelerator.process_index

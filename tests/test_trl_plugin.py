@@ -63,6 +63,24 @@ def test_balance_kept_properties(num_processes, multiple, chunks, data):
     assert int(counts[0]) == min(local, -(-largest // multiple) * multiple)  # the smallest such count
 
 
+def test_decide_global_tops_up_the_process_whose_groups_were_all_dropped_at_weight_one():
+    from fastrl_core.algo.pruners import GroupBatch
+    from fastrl_core.integrations.trl import decide_global
+
+    # process 0 owns groups 0, 1 (rewards vary), process 1 owns groups 2, 3 (all equal: DAPO drops them)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    advantages = torch.tensor([0.7, -0.7, -0.7, 0.7, 0.0, 0.0, 0.0, 0.0])
+    batch = GroupBatch(torch.arange(8) // 2, rewards, advantages, None)
+    decision, keep, topped_up = decide_global(batch, pruner="dapo_filter", keep_ratio=0.5, min_keep=2,
+                                              pruner_args={}, seed=0, generation=3, num_processes=2, multiple=2)
+    assert decision.keep_mask.tolist() == [True] * 4 + [False] * 4
+    assert keep.all() and topped_up.tolist() == [False] * 4 + [True] * 4  # K = 4 on both processes
+    assert decision.weights.tolist() == [1.0] * 8  # put back at weight 1 (the pruner gave them 0)
+    again = decide_global(batch, pruner="dapo_filter", keep_ratio=0.5, min_keep=2, pruner_args={}, seed=0,
+                          generation=3, num_processes=2, multiple=2)
+    assert torch.equal(again[1], keep) and torch.equal(again[0].scores, decision.scores)
+
+
 def test_select_rows_keeps_images_with_their_rows():
     grid = torch.tensor([[1, 2, 2], [1, 2, 4], [1, 2, 2]])  # 4, 8, 4 patches
     pixel_values = torch.arange(16.0)[:, None].expand(16, 3)  # patch p has value p

@@ -36,7 +36,16 @@ Per step (TRL's order, FastRL's steps added after its advantages):
      `num_items_in_batch` is recomputed from the kept tokens (token-mean losses normalise over kept tokens).
      Pruner loss weights (e.g. `fastrl` with reweight) are folded into the advantages: exact for TRL's clipped
      surrogate (−min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A)) for w > 0); the KL term stays unweighted.
-  6. deferred old/ref passes on the kept rows; 7. record the step through `RunWriter` (main process only).
+  6. deferred old/ref passes on the kept rows; 7. record the step through `RunWriter` (main process only); when
+     `train()` returns the run is marked finished (failed / stopped when it raises).
+
+Run for real under `torchrun --nproc_per_node 2` with gloo on CPU (tests/test_trl_multiprocess.py): every process
+takes the decision one process takes on the same gathered batch (`decide_global`), also when a prompt group
+straddles two processes; a process whose groups are all pruned trains on topped-up rows (without the top-up it
+has no rows, crashes, and the other process fails on the closed connection). Vision-language models: TRL's VLM
+path runs on CPU when `processing_class` is given (e.g. `load_policy(...).processor`, Pil image processor, no video
+processor; tests/test_trl_plugin.py); left to itself TRL calls `AutoProcessor.from_pretrained`, which for
+Qwen2-VL-style checkpoints needs torchvision (video processor) and fails without it.
 
 Departures, on purpose: no adaptive rollout budget — TRL fixes `num_generations` in its sampler and reshapes
 rewards by it, and its vLLM server mode slices completions by equal per-process counts, so a per-prompt rollout

@@ -1,6 +1,7 @@
 """One FastRL step at Qwen2.5-VL-3B widths with the real 151,936-token vocabulary, on CPU, through `fastrl train`.
 
-    .venv/bin/python benchmarks/bench_real_width.py [--layers 2] [--vision-depth 1] [--keep DIR]
+    .venv/bin/python benchmarks/bench_real_width.py [--layers 2] [--vision-depth 1] [--pruners fastrl,none]
+        [--keep DIR]
 
 Builds a random-weight Qwen2.5-VL at Qwen2.5-VL-3B's widths (text hidden 2048, MLP 11008, 16 heads / 2 KV heads,
 head_dim 128, mRoPE [16, 24, 24], tied embeddings; vision hidden 1280, 16 heads) with `--layers` text layers and
@@ -11,7 +12,7 @@ then runs the command users run, in a child process each:
         rollouts_per_prompt=4 max_new_tokens=16 sketch_top_k=64 threads=1 eval_every=0 ... pruner=<p>
 
 twice: `pruner=fastrl` (the FastRL step) and `pruner=none` (GRPO: every rollout through the log-prob pass and the
-update). A random policy earns no task reward (no `<think>`/`\boxed{}` in random text), so every FastRL group has
+update). A random policy earns no task reward (no `<think>`/`\\boxed{}` in random text), so every FastRL group has
 zero advantage and is pruned: its step is generate + sketch + prune only. The `none` step is the one that
 allocates gradients and AdamW's moments at this size: its peak RSS is the step's memory.
 
@@ -19,7 +20,7 @@ Prints per run the step's phase seconds (from the run store), the kept fraction,
 and its wall-clock (including loading the model and the end-of-run checkpoint: model + AdamW state, ~6 GB).
 Memory budget: 0.52 B float32 parameters (2.1 GB) + gradients + AdamW's two moments ~= 8.4 GB (7.8 GiB); beta = 0
 (the default), so no reference copy. Measured (2026-12-01, 2 text layers, 1 vision block; memory, not timings, is
-valid on the loaded machine): the `fastrl` step peaks at 3.56 GiB, the `none` step at 10.98 GiB with the trainer's
+valid on the loaded machine): the `fastrl` step peaks at 3.0-3.6 GiB, the `none` step at 10.98 GiB with the trainer's
 `torch.optim.AdamW` (its single-tensor CPU path makes two parameter-sized temporaries, 1.2 GB each for the
 151,936 x 2048 embedding) and at 8.65 GiB with `AdamW(..., fused=True)`. Output rows beyond the tokenizer are never
 sampled (`fastrl_core.policy.never_sampled_token_ids`): unsuppressed, this model sampled them almost only (empty
@@ -103,13 +104,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=2, help="text decoder layers (3B has 36)")
     parser.add_argument("--vision-depth", type=int, default=1, help="vision blocks (3B has 32)")
+    parser.add_argument("--pruners", default=",".join(PRUNERS), help="runs to make, comma-separated")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the checkpoint and stores in this directory (a later run reuses the checkpoint)")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_real_width_"))
     model_dir, store_dir = root / "model", root / f"store-{time.strftime('%Y%m%d-%H%M%S')}"
     start = time.perf_counter()
-    if (model_dir / "counts.json").is_file():  # --keep of an earlier run: reuse its checkpoint
+    reused = (model_dir / "counts.json").is_file()  # --keep of an earlier run: reuse its checkpoint
+    if reused:
         counts = json.loads((model_dir / "counts.json").read_text())
         if (counts["layers"], counts["vision_depth"]) != (args.layers, args.vision_depth):
             raise SystemExit(f"{model_dir} holds {counts['layers']} layers / {counts['vision_depth']} vision blocks")
@@ -121,8 +124,9 @@ def main() -> int:
     print(f"Qwen2.5-VL at 3B widths: {counts['parameters'] / 1e6:.1f} M parameters "
           f"({counts['vision_parameters'] / 1e6:.1f} M vision), vocabulary {counts['vocab_size']:,} "
           f"(tokenizer {counts['tokenizer_entries']}), {args.layers} text layers, {args.vision_depth} vision "
-          f"blocks; built and saved in {summary['build_and_save_s']:.1f} s", flush=True)
-    for pruner in PRUNERS:
+          "blocks; " + (f"reused from {model_dir}" if reused else
+                        f"built and saved in {summary['build_and_save_s']:.1f} s"), flush=True)
+    for pruner in args.pruners.split(","):
         code, peak_gib, wall, tail = run_train(model_dir, store_dir, pruner)
         if code != 0:
             print(tail, file=sys.stderr)

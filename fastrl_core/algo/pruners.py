@@ -550,7 +550,7 @@ def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: in
 # |----------------|-----------------------------------------------------------------|-----------------------|---------|
 # | random         | a uniform random m-subset per group (m as cppo)                 | m / n                 | m       |
 # | advantage_only | one random rollout per distinct rounded advantage per group     | 1 / bucket size       | 1       |
-# | fastrl_paper   | n-gram Jaccard distance >= tau to EVERY kept one of its bucket   | distance to the kept  | 1       |
+# | fastrl_paper   | n-gram Jaccard distance >= tau to EVERY kept one of its bucket  | distance to the kept  | 1       |
 
 
 def advantage_buckets(groups: Groups, advantages: Tensor, decimals: int) -> Tensor:

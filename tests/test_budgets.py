@@ -207,6 +207,20 @@ def test_adaptive_by_hand():
     assert state["prompts"]["solved"]["streak"] == 0 and budget_allocate("adaptive", state, ["solved"])[0] >= 2
 
 
+def test_adaptive_uses_the_accuracy_rate_and_accuracy_decided_visits():
+    """With accuracies (8 rollouts each, prior 2 pseudo observations at 1/2): "fmt" was all correct but its format
+    reward varied (std 0.2): decided (streak 1) -> a probe of 2. "three" had 3 of 8 correct: p = (3 + 1)/(8 + 2)
+    = 0.4: k = 4 gives 1 − 0.0256 − 0.1296 = 0.845, k = 5 gives 0.912 >= 0.9 -> 5. Without decided_by_accuracy
+    "fmt" is mixed with p = (8 + 1)/10 = 0.9: 1 − 0.9^8 − 1e-8 = 0.57 -> all 8."""
+    step = outcome(["fmt", "three"], [4, 4], mean=[1.4, 0.9], std=[0.2, 0.48], accuracy=[1.0, 0.375])
+    state = budget_update("adaptive", budget_init("adaptive", n=8), step)
+    assert state["prompts"]["fmt"]["streak"] == 1 and state["prompts"]["three"]["streak"] == 0
+    assert state["prompts"]["three"]["hits"] == pytest.approx(3.0) and state["prompts"]["three"]["trials"] == 8.0
+    assert budget_allocate("adaptive", state, ["fmt", "three"]) == [2, 5]
+    state = budget_update("adaptive", budget_init("adaptive", n=8, decided_by_accuracy=False), step)
+    assert budget_allocate("adaptive", state, ["fmt", "three"]) == [8, 5]
+
+
 def test_adaptive_probe_frequency_decays_to_the_floor():
     """Streak z is probed with probability max(0.5^(z−1), 0.1): 1, 0.5, 0.25, 0.125, then the floor 0.1."""
     ids = [f"q{i}" for i in range(3000)]
@@ -218,9 +232,11 @@ def test_adaptive_probe_frequency_decays_to_the_floor():
         assert abs(counts.count(2) / len(ids) - expected) < 0.03, streak
 
 
-def test_adaptive_cuts_generation_in_a_revisited_regime():
+@pytest.mark.parametrize("with_accuracy", [False, True])
+def test_adaptive_cuts_generation_in_a_revisited_regime(with_accuracy):
     """Simulated paper-like regime: 64 prompts of fixed success rates (a third solved, a third hopeless, a third
-    at 1/2) visited 12 times, 0/1 rewards drawn from the counts the controller gives. GRPO samples 8 each visit;
+    at 1/2) visited 12 times, 0/1 rewards (= accuracies) drawn from the counts the controller gives, with and
+    without StepOutcome.accuracy_mean. GRPO samples 8 each visit;
     adaptive samples at least 40 % fewer (decided prompts are probed rarely, mixed ones get 5), and its step
     total falls over the run."""
     gen = torch.Generator().manual_seed(0)
@@ -237,7 +253,8 @@ def test_adaptive_cuts_generation_in_a_revisited_regime():
             std.append(rewards.std(unbiased=False).item() if count else 0.0)
         kept = [c // 2 if s > 0 else 0 for c, s in zip(counts, std)]
         state = budget_update("adaptive", state, outcome(prompts, kept, sampled=counts, mean=mean, std=std,
-                                                         step=visit, total=12))
+                                                         step=visit, total=12,
+                                                         accuracy=mean if with_accuracy else None))
     assert totals[0] == 64 * 8
     assert sum(totals) <= 0.6 * 12 * 64 * 8
     assert totals[-1] < totals[1] < totals[0]
@@ -277,7 +294,7 @@ def histories(draw):
                            "informative_target": draw(st.floats(0.5, 0.99)),
                            "probe_decay": draw(st.floats(0, 1)), "probe_floor": draw(st.floats(0, 1)),
                            "reward_scale": draw(st.one_of(st.none(), st.floats(0.1, 3))),
-                           "seed": draw(st.integers(0, 100))},
+                           "decided_by_accuracy": draw(st.booleans()), "seed": draw(st.integers(0, 100))},
               "greso": {"n": n, "p_easy": draw(st.floats(0, 1)), "p_hard": draw(st.floats(0, 1)),
                         "seed": draw(st.integers(0, 100))}}
     steps = []

@@ -179,9 +179,12 @@ def uniform_draw(seed: int, step: int, prompt_id: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def _decided(std: float, kept: int) -> bool:
-    """A visit that gave no gradient: all rewards equal (zero variance), or nothing survived pruning."""
-    return std <= 1e-9 or kept == 0
+def _decided(std: float, kept: int, accuracy: float | None = None) -> bool:
+    """A decided visit: all rewards equal (zero variance: no gradient), nothing survived pruning, or — when the
+    accuracy is given — all rollouts correct or all wrong (GRESO's "easy" / "hard"; the group may still differ
+    in format reward only)."""
+    all_same_accuracy = accuracy is not None and (accuracy <= 1e-9 or accuracy >= 1 - 1e-9)
+    return std <= 1e-9 or kept == 0 or all_same_accuracy
 
 
 def _keep_some(counts: list[int], draws: list[float], skip: list[float], fallback: int, minimum: int) -> list[int]:
@@ -299,17 +302,21 @@ BUDGETS.register("greso")(BudgetController(init=_greso_init, allocate=greso_allo
 
 def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float = 0.9, probe_decay: float = 0.5,
                    probe_floor: float = 0.1, memory: float = 0.5, prior_strength: float = 2.0,
-                   reward_scale: float | None = None, seed: int = 0, min_prompts: int = 1) -> dict:
+                   reward_scale: float | None = None, decided_by_accuracy: bool = True, seed: int = 0,
+                   min_prompts: int = 1) -> dict:
     """Parameters (see `adaptive_allocate` for the rule):
     n                   rollouts for a prompt never seen before, and the most any prompt gets
     n_min               rollouts of a probe of a decided prompt, and the fewest a mixed prompt gets
     informative_target  a mixed prompt gets the fewest rollouts whose chance of unequal rewards reaches this
     probe_decay         a decided prompt with streak z is probed with probability max(decay^(z−1), probe_floor)
     probe_floor         the exploration floor: decided prompts are still probed this often
-    memory              weight of a prompt's older reward evidence per new observation (0 = last one only)
-    prior_strength      pseudo degrees of freedom of the prior variance scale²/6 (= E p(1−p) for p ~ U(0, 1))
-    reward_scale        distance between a failed and a solved rollout's reward; default: learned as the larger of
-                        2 × the largest group reward std and the spread of group reward means seen so far
+    memory              weight of a prompt's older evidence per new observation (0 = last one only)
+    prior_strength      pseudo observations of the priors: success rate 1/2 (with accuracies), else variance
+                        scale²/6 (= E p(1−p) for p ~ U(0, 1))
+    reward_scale        without accuracies: distance between a failed and a solved rollout's reward; default:
+                        learned as the larger of 2 × the largest group reward std and the spread of group means
+    decided_by_accuracy a visit with every rollout correct (or every one wrong) counts as decided even if the
+                        format reward varied (`_decided`); needs StepOutcome.accuracy_mean
     seed                of the probe draws (`uniform_draw`)
     min_prompts         a step samples at least this many prompts
     """
@@ -321,15 +328,16 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float = 0.9, 
               "probe_decay": (probe_decay, 0 <= probe_decay <= 1), "probe_floor": (probe_floor, 0 <= probe_floor <= 1),
               "memory": (memory, 0 <= memory < 1), "prior_strength": (prior_strength, prior_strength > 0),
               "reward_scale": (reward_scale, reward_scale is None or reward_scale > 0),
-              "seed": (seed, isinstance(seed, int) and not isinstance(seed, bool))}
+              "seed": (seed, isinstance(seed, int) and not isinstance(seed, bool)),
+              "decided_by_accuracy": (decided_by_accuracy, isinstance(decided_by_accuracy, bool))}
     for key, (value, ok) in checks.items():
         if not ok:
             raise ValueError(f"budget parameter {key} out of range: {value!r}")
     params = {"n": n, "n_min": n_min, "informative_target": float(informative_target),
               "probe_decay": float(probe_decay), "probe_floor": float(probe_floor), "memory": float(memory),
               "prior_strength": float(prior_strength),
-              "reward_scale": None if reward_scale is None else float(reward_scale), "seed": seed,
-              "min_prompts": min_prompts}
+              "reward_scale": None if reward_scale is None else float(reward_scale),
+              "decided_by_accuracy": decided_by_accuracy, "seed": seed, "min_prompts": min_prompts}
     return {"params": params, "next_step": 0, "max_std": 0.0, "min_mean": None, "max_mean": None, "prompts": {}}
 
 
@@ -353,6 +361,17 @@ def _success_rate(history: dict, params: dict, scale: float) -> float:
     return (1 - math.sqrt(1 - 4 * pq)) / 2
 
 
+def _prompt_success_rate(history: dict, params: dict, scale: float) -> float:
+    """The prompt's success rate: with accuracies, the discounted share of correct rollouts with prior_strength
+    pseudo observations at 1/2; without, the variance-equivalent `_success_rate`. The accuracy rate is the
+    better one whenever the reward has parts other than accuracy: a 0.5 format reward inflates the learned scale
+    and makes a prompt at p = 1/2 look like p = 0.13."""
+    if history["trials"] > 0:
+        prior = params["prior_strength"]
+        return (history["hits"] + prior / 2) / (history["trials"] + prior)
+    return _success_rate(history, params, scale)
+
+
 def informative_count(p: float, target: float, low: int, high: int) -> int:
     """The fewest k in [low, high] with P(k rollouts are not all equal) = 1 − p^k − (1 − p)^k >= target (high if
     none): the chance that a Bernoulli(p) group gives a non-zero GRPO gradient (the knapsack value of
@@ -374,11 +393,11 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
        2025, arXiv 2506.02177: zero-variance prompts tend to stay so, skip them with a probability growing with
        the streak, keep exploring) made cheap: n_min rollouts instead of n, so a probe costs little and a prompt
        that has become uncertain again shows reward variance and returns to rule 3.
-    3. Mixed prompts: `informative_count` of their success rate p (`_success_rate`, the variance-equivalent
-       Bernoulli rate pooled over visits): the fewest rollouts, within [n_min, n], that give unequal rewards
-       with probability >= informative_target. A prompt at p = 1/2 needs 5 of 8 for 0.9; a rare success
-       (p <= 0.2) keeps all n. So generation is cut where groups are decided or easily mixed, not where the
-       signal is rare.
+    3. Mixed prompts: `informative_count` of their success rate p (`_prompt_success_rate`, pooled over visits):
+       the fewest rollouts, within [n_min, n], that give unequal outcomes with probability >=
+       informative_target. A prompt at p = 1/2 needs 5 of 8 for 0.9; a rare success or failure (p <= 0.2 or
+       >= 0.8) keeps all n. So generation is cut where groups are decided or easily mixed, not where the signal
+       is rare.
     Draws u = uniform_draw(seed, step, id). At least `min_prompts` prompts get rollouts (n_min, if forced).
 
     What this does not do, and why: per-prompt kept counts enter only as "did anything survive" (rule 2). For
@@ -403,25 +422,32 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
             counts.append(0 if draws[-1] < 1.0 - probe else n_min)
         else:
             skip.append(0.0)
-            p = _success_rate(history, params, scale)
+            p = _prompt_success_rate(history, params, scale)
             counts.append(informative_count(p, params["informative_target"], n_min, n))
     return _keep_some(counts, draws, skip, n_min, min(params["min_prompts"], len(prompt_ids)))
 
 
 def _adaptive_update(state: dict, outcome: StepOutcome) -> dict:
-    """Per sampled prompt: discounted pooled reward variance (sumsq += n·std², dof += n − 1), the streak of
-    decided visits (`_decided`; a skipped visit leaves it as it is), visits and the last kept count; batch: the
-    reward range for the learned scale, and the step for the draws."""
+    """Per sampled prompt: discounted pooled reward variance (sumsq += n·std², dof += n − 1) and, with
+    accuracies, discounted correct / all counts (hits += n·accuracy, trials += n); the streak of decided visits
+    (`_decided`; a skipped visit leaves it as it is), visits and the last kept count; batch: the reward range for
+    the learned scale, and the step for the draws."""
     params = state["params"]
-    for prompt, count, kept, mean, std in zip(outcome.prompt_ids, outcome.sampled.tolist(), outcome.kept.tolist(),
-                                              outcome.reward_mean.tolist(), outcome.reward_std.tolist()):
+    accuracies = [None] * len(outcome.prompt_ids) if outcome.accuracy_mean is None else outcome.accuracy_mean.tolist()
+    for prompt, count, kept, mean, std, accuracy in zip(outcome.prompt_ids, outcome.sampled.tolist(),
+                                                        outcome.kept.tolist(), outcome.reward_mean.tolist(),
+                                                        outcome.reward_std.tolist(), accuracies):
         if count <= 0:
             continue
-        history = state["prompts"].setdefault(prompt, {"sumsq": 0.0, "dof": 0.0, "streak": 0, "seen": 0,
-                                                       "kept": 0})
+        history = state["prompts"].setdefault(prompt, {"sumsq": 0.0, "dof": 0.0, "hits": 0.0, "trials": 0.0,
+                                                       "streak": 0, "seen": 0, "kept": 0})
         history["sumsq"] = params["memory"] * history["sumsq"] + count * std**2
         history["dof"] = params["memory"] * history["dof"] + (count - 1)
-        history["streak"] = history["streak"] + 1 if _decided(std, kept) else 0
+        if accuracy is not None:
+            history["hits"] = params["memory"] * history["hits"] + count * accuracy
+            history["trials"] = params["memory"] * history["trials"] + count
+        by_accuracy = accuracy if params["decided_by_accuracy"] else None
+        history["streak"] = history["streak"] + 1 if _decided(std, kept, by_accuracy) else 0
         history["seen"] += 1
         history["kept"] = kept
         state["max_std"] = max(state["max_std"], std)

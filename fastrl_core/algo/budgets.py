@@ -387,12 +387,13 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     prompts become decided.
 
     1. Unseen prompts: n.
-    2. Decided prompts — the last z >= 1 visits gave no gradient: zero reward variance, or no rollout survived
-       pruning (`_decided`) — are probed with n_min rollouts with probability max(probe_decay^(z−1),
-       probe_floor) and skipped (0) otherwise; z = 1 is always probed. The probe is GRESO's skip (Zheng et al.
-       2025, arXiv 2506.02177: zero-variance prompts tend to stay so, skip them with a probability growing with
-       the streak, keep exploring) made cheap: n_min rollouts instead of n, so a probe costs little and a prompt
-       that has become uncertain again shows reward variance and returns to rule 3.
+    2. Decided prompts — the last z >= 1 visits were decided (`_decided`): zero reward variance, no rollout
+       survived pruning, or (decided_by_accuracy, with accuracies) all correct / all wrong — are probed with
+       n_min rollouts with probability max(probe_decay^(z−1), probe_floor) and skipped (0) otherwise; z = 1 is
+       always probed. The probe is GRESO's skip (Zheng et al. 2025, arXiv 2506.02177: zero-variance prompts
+       tend to stay so, skip them with a probability growing with the streak, keep exploring) made cheap: n_min
+       rollouts instead of n, so a probe costs little and a prompt that has become uncertain again shows mixed
+       outcomes and returns to rule 3.
     3. Mixed prompts: `informative_count` of their success rate p (`_prompt_success_rate`, pooled over visits):
        the fewest rollouts, within [n_min, n], that give unequal outcomes with probability >=
        informative_target. A prompt at p = 1/2 needs 5 of 8 for 0.9; a rare success or failure (p <= 0.2 or
@@ -405,6 +406,11 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     a prompt's kept count mirrors its sampled count and carries no further information about it. Nor is the
     total held at a kept-rollout target: the former `adaptive` did that and sampled 1 % MORE than GRPO in the
     paper-like regime (NOTES §7).
+
+    Measured (loaded 2-core machine, one seed each, 100 steps of 16 prompts × 8 on 128 training prompts, i.e.
+    12.5 visits per prompt, pruner fastrl, greedy accuracy on 256 test problems every 20 steps): `fixed` 12,800
+    rollouts sampled, final accuracy 0.613 (mean of the last three evaluations 0.599); this rule 7,384 (−42 %),
+    0.625 (0.607); the former rule 11,471 (−10 %), 0.629 (0.613).
     """
     params = state["params"]
     n, n_min = params["n"], params["n_min"]

@@ -148,6 +148,11 @@ def test_ngram_ids_are_shared_across_completions():
     assert int(ids[0][0]) != int(ids[0][1])
     with pytest.raises(ValueError, match="n-gram size must be >= 1"):
         ngram_ids((torch.tensor([1]),), 0)
+    # keys that overflow int64 (vocab^n >= 2^62) fall back to row-wise unique: the same partition of n-grams
+    small = (torch.tensor([1, 2, 3, 1, 2, 3]), torch.tensor([2, 3, 1, 2]))
+    big = tuple(t * 10**6 for t in small)
+    for a, b in zip(ngram_ids(small, 4), ngram_ids(big, 4)):
+        assert torch.equal(a, b)
 
 
 def test_fastrl_paper_minibatch_top_up():

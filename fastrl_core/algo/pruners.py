@@ -557,7 +557,18 @@ def advantage_buckets(groups: Groups, advantages: Tensor, decimals: int) -> Tens
     """(N,) long bucket id per rollout: same group and same advantage rounded to `decimals` decimals (paper Eq. 6;
     the rounding is the authors' code's, and the paper's App. C.4 groups |A_i − A_j| < 1e-4 alike)."""
     value = torch.round(advantages.double() * 10**decimals).long()
-    return torch.unique(torch.stack([groups.row, value]), dim=1, return_inverse=True)[1]
+    return _pair_ids(groups.row, value)
+
+
+def _pair_ids(first: Tensor, second: Tensor) -> Tensor:
+    """Dense ids (N,) of the pairs (first[i], second[i]), numbered in lexicographic order. One 1-D unique of the
+    key first·R + second (R = the range of second) when it fits in int64: `unique(dim=...)` costs ~30 ms here."""
+    if first.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    low, span = second.min(), int(second.max() - second.min()) + 1
+    if span * (int(first.max()) + 1) < 2**62 and int(first.min()) >= 0:
+        return torch.unique(first * span + (second - low), return_inverse=True)[1]
+    return torch.unique(torch.stack([first, second]), dim=1, return_inverse=True)[1]
 
 
 @PRUNERS.register("random")
@@ -609,7 +620,8 @@ def advantage_only(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_
 def ngram_ids(token_ids: tuple[Tensor, ...], n: int) -> tuple[Tensor, ...]:
     """Each completion's n-grams as integer ids (equal n-grams, equal ids, across the batch); a completion shorter
     than n has none. token_ids: N 1-D tensors -> N 1-D long tensors (length max(0, len − n + 1)).
-    Vectorised: all windows stacked, ids from one `torch.unique(dim=0)`."""
+    Vectorised: all windows stacked, ids from one `torch.unique` of their base-V keys (of the rows if V^n
+    overflows int64)."""
     if n < 1:
         raise ValueError(f"n-gram size must be >= 1, got {n}")
     if n == 1:
@@ -619,7 +631,13 @@ def ngram_ids(token_ids: tuple[Tensor, ...], n: int) -> tuple[Tensor, ...]:
     counts = [w.shape[0] for w in windows]
     if not sum(counts):
         return tuple(torch.zeros(0, dtype=torch.long) for _ in token_ids)
-    ids = torch.unique(torch.cat(windows), dim=0, return_inverse=True)[1]
+    stacked = torch.cat(windows)  # (W, n)
+    vocab = int(stacked.max()) + 1 if int(stacked.min()) >= 0 else 0
+    if 0 < vocab and vocab**n < 2**62:  # one integer key per n-gram: a 1-D unique, ~10× faster than dim=0
+        key = (stacked * vocab ** torch.arange(n - 1, -1, -1)).sum(1)
+        ids = torch.unique(key, return_inverse=True)[1]
+    else:
+        ids = torch.unique(stacked, dim=0, return_inverse=True)[1]
     return tuple(torch.split(ids, counts))
 
 

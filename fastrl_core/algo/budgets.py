@@ -407,10 +407,11 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     total held at a kept-rollout target: the former `adaptive` did that and sampled 1 % MORE than GRPO in the
     paper-like regime (NOTES §7).
 
-    Measured (loaded 2-core machine, one seed each, 100 steps of 16 prompts × 8 on 128 training prompts, i.e.
-    12.5 visits per prompt, pruner fastrl, greedy accuracy on 256 test problems every 20 steps): `fixed` 12,800
-    rollouts sampled, final accuracy 0.613 (mean of the last three evaluations 0.599); this rule 7,384 (−42 %),
-    0.625 (0.607); the former rule 11,471 (−10 %), 0.629 (0.613).
+    Measured (embedded default, 100 steps of 16 prompts × 8 on 128 training prompts, i.e. 12.5 visits per
+    prompt, pruner fastrl, greedy accuracy on 256 test problems every 20 steps; final / mean of the last three
+    evaluations): seed 0 — `fixed` 12,800 rollouts sampled, 0.613 / 0.599; this rule 7,384 (−42 %), 0.625 /
+    0.607; the former rule 11,471 (−10 %), 0.629 / 0.613. Seed 1 — `fixed` 12,800, 0.504 / 0.574; this rule
+    7,837 (−39 %), 0.609 / 0.617. Two seeds, so accuracy is "not worse within seed noise", not "better".
     """
     params = state["params"]
     n, n_min = params["n"], params["n_min"]

@@ -268,7 +268,8 @@ class Trainer:
         # 10. budget: new state from this step's pruning decisions
         self.budget_state = budget_update(config.budget, self.budget_state, StepOutcome(
             prompt_ids=tuple(prompt_ids), sampled=sampled, kept=kept_counts, reward_mean=group_reward_mean,
-            reward_std=group_reward_std, step=step, total_steps=config.steps, epoch_end=epoch_end))
+            reward_std=group_reward_std, step=step, total_steps=config.steps, epoch_end=epoch_end,
+            accuracy_mean=torch.zeros(len(problems)).index_add_(0, group_ids, accuracy.float()) / sampled.clamp(min=1)))
         self.step += 1
         return row
 

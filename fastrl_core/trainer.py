@@ -30,9 +30,11 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -48,6 +50,12 @@ from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine
 from fastrl_core.rewards import RewardParts, score_completions
 from fastrl_core.store import RunWriter, StepResult, image_key, step_rows
+
+if TYPE_CHECKING:
+    from fastrl_core.algo.sketches import SketchProjection
+    from fastrl_core.policy import Policy
+
+    EngineFactory = Callable[[TrainConfig, Policy, SketchProjection | None], Engine]
 
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "update", "store")
 SKETCH_PRUNERS = {"fastrl"}  # pruners that read gradient sketches; others are not charged for computing them
@@ -107,7 +115,7 @@ def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
             load_problems(config.dataset, split=config.test_split))
 
 
-def make_engine(config: TrainConfig, policy, projection) -> Engine:
+def make_engine(config: TrainConfig, policy: Policy, projection: SketchProjection | None) -> Engine:
     """The rollout engine `config.engine` on `policy`, accumulating sketches with `projection` (None: none)."""
     if config.engine == "hf":
         from fastrl_core.engines.hf import HFEngine
@@ -132,7 +140,7 @@ class Trainer:
     arguments the config does not carry, or a test double). Subclasses may override `score` (step 3)."""
 
     def __init__(self, config: TrainConfig, *, resume: str | None = None, progress: bool = True,
-                 policy=None, engine_factory=None) -> None:
+                 policy: Policy | None = None, engine_factory: EngineFactory | None = None) -> None:
         from fastrl_core.evaluate import evaluate_with
         from fastrl_core.policy import load_policy
 
@@ -148,8 +156,10 @@ class Trainer:
         self.projection = None
         if config.pruner in SKETCH_PRUNERS and config.sketch == "lm_head":
             out = model.get_output_embeddings().weight
+            # left on the CPU: each engine moves it to where it sketches (HF: beside its hidden states; vLLM: the
+            # CPU, from its Python outputs), so no engine meets a projection on another device
             self.projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim,
-                                              seed=config.seed).to(out.device)
+                                              seed=config.seed)
         self.engine: Engine = (engine_factory or make_engine)(config, self.policy, self.projection)
         # dr_grpo's constant normaliser is the generation limit, not each step's padded length (NOTES §7)
         self.loss_args = {"max_length": config.max_new_tokens, **config.objective_args}

@@ -371,8 +371,7 @@ def main(argv=None) -> dict:
             policy = build_policy(problems, args)
             policy.model.to(device)
             hidden = policy.model.get_output_embeddings().weight
-            projection = make_projection(hidden.shape[0], hidden.shape[1], sketch_dim=256,
-                                         seed=args.seed).to(hidden.device)
+            projection = make_projection(hidden.shape[0], hidden.shape[1], sketch_dim=256, seed=args.seed)
         summary["parameters_m"] = sum(p.numel() for p in policy.model.parameters()) / 1e6
         with clock.phase("engine"):
             engine = make_engine(policy, projection, args, kind=kind)

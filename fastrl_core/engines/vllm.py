@@ -116,7 +116,9 @@ def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *
     if want_sketch:
         from fastrl_core.algo.sketches import logprob_sketch
 
-        sketches = logprob_sketch(topk_ids, topk_logprobs, completion_ids, completion_mask, projection)
+        # vLLM's outputs are Python lists, so the sketch is computed on the CPU, wherever the projection lives
+        sketches = logprob_sketch(topk_ids, topk_logprobs, completion_ids, completion_mask,
+                                  projection.to(device=completion_ids.device))
     return Rollouts(
         prompt_index=torch.tensor([prompt for prompt, *_ in rows], dtype=torch.long),
         completion_ids=completion_ids,

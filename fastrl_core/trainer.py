@@ -161,7 +161,8 @@ class Trainer:
             self.projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim,
                                               seed=config.seed)
         self.engine: Engine = (engine_factory or make_engine)(config, self.policy, self.projection)
-        # dr_grpo's constant normaliser is the generation limit, not each step's padded length (NOTES §7)
+        # max_length: dr_grpo's constant normaliser (aggregation seq_mean_token_sum_norm) is the generation limit,
+        # not each step's padded length (NOTES §7); the other aggregations ignore it
         self.loss_args = {"max_length": config.max_new_tokens, **config.objective_args}
         self.answer_style = answer_style(config.template)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)

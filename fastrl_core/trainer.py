@@ -16,7 +16,7 @@ Departures from the authors' verl fork, on purpose: pruning acts per prompt grou
 gradient-sketch DPP (`fastrl`) instead of a token-overlap rule (available as `fastrl_official`);
 with the HF engine the behaviour log-probs from generate are the old log-probs (they match a fresh
 forward to ~1e-6, NOTES §2), so the old pass is skipped for every method alike unless
-`recompute_old_logprobs` is set.
+`recompute_old_logprobs` is set (its default, auto, sets it for vLLM, whose numerics differ).
 
 The engine is any `engines.base.Engine`: the trainer syncs it (`sync_weights`) once at start, after a checkpoint is
 loaded, and after every update, so an engine holding its own weights (vLLM) always samples from the policy being
@@ -44,10 +44,12 @@ from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, 
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import GroupBatch, Reason, prune
 from fastrl_core.algo.sketches import make_projection, token_sketch
+from fastrl_core.checks import check_config, check_environment
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine
+from fastrl_core.engines.resolve import ENGINES, PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import RewardParts, score_completions
 from fastrl_core.store import RunWriter, StepResult, image_key, step_rows
 
@@ -58,22 +60,30 @@ if TYPE_CHECKING:
     EngineFactory = Callable[[TrainConfig, Policy, SketchProjection | None], Engine]
 
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "update", "store")
-SKETCH_PRUNERS = {"fastrl"}  # pruners that read gradient sketches; others are not charged for computing them
 
 
 @dataclass
 class PhaseTimer:
-    """Seconds spent per phase within one step."""
+    """Wall-clock seconds and process CPU seconds spent per phase within one step.
+
+    CPU time is `time.process_time()`: the CPU time of every thread of this process, so torch's intra-op worker
+    threads are counted (`thread_time` would count only the calling thread and miss most of a 2-thread matmul).
+    Unlike wall-clock it does not grow while a neighbouring job holds the cores, though cache and memory-bandwidth
+    contention still inflate it a little; OpenMP workers spin-waiting after a parallel region also count (none at
+    threads=1). Other threads of the process (e.g. a dashboard in the same process) would count too.
+    """
 
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @contextmanager
     def phase(self, name: str):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.seconds[name] += time.perf_counter() - start
+            self.cpu_seconds[name] += time.process_time() - cpu_start
 
     @property
     def total(self) -> float:
@@ -111,25 +121,27 @@ def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
         root = ensure_dataset(Path(config.store_dir) / "data", n_train=config.synthetic_train,
                               n_test=config.synthetic_test, seed=0)
         return load_problems(root / config.train_split), load_problems(root / config.test_split)
-    return (load_problems(config.dataset, split=config.train_split),
-            load_problems(config.dataset, split=config.test_split))
+    return (load_problems(config.dataset, split=config.train_split, skip_bad=config.dataset_skip_bad),
+            load_problems(config.dataset, split=config.test_split, skip_bad=config.dataset_skip_bad))
 
 
 def make_engine(config: TrainConfig, policy: Policy, projection: SketchProjection | None) -> Engine:
-    """The rollout engine `config.engine` on `policy`, accumulating sketches with `projection` (None: none)."""
+    """The rollout engine `config.engine` on `policy`; `projection` is set exactly when the resolved sketch
+    (`resolve_sketch`) is computed while sampling (lm_head on HF, logprob on vLLM), and sketch_top_k goes to the
+    engine as given."""
     if config.engine == "hf":
         from fastrl_core.engines.hf import HFEngine
 
         return HFEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                         temperature=config.temperature, sketch_projection=projection,
-                        sketch_top_k=config.sketch_top_k or None)
+                        sketch_top_k=config.sketch_top_k or None)  # 0 = the whole vocabulary
     if config.engine == "vllm":
         from fastrl_core.engines.vllm import VLLMEngine
 
         return VLLMEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                           temperature=config.temperature, sketch_projection=projection,
-                          sketch_top_k=config.sketch_top_k or 20)
-    raise ValueError(f"unknown engine {config.engine!r}; choose 'hf' or 'vllm'")
+                          sketch_top_k=config.sketch_top_k)
+    raise ValueError(f"unknown engine {config.engine!r}; choose one of {sorted(ENGINES)}")
 
 
 class Trainer:
@@ -144,6 +156,8 @@ class Trainer:
         from fastrl_core.evaluate import evaluate_with
         from fastrl_core.policy import load_policy
 
+        config = check_config(config)  # also for a TrainConfig built in code; resolves the auto values
+        check_environment(config)
         self.config, self.progress, self._evaluate = config, progress, evaluate_with
         torch.set_num_threads(config.threads)
         self.train_set, self.test_set = load_datasets(config)
@@ -154,7 +168,8 @@ class Trainer:
         self.beta = float(config.objective_args.get("beta", 0.0))
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if self.beta > 0 else None
         self.projection = None
-        if config.pruner in SKETCH_PRUNERS and config.sketch == "lm_head":
+        self.sketch_kind = resolve_sketch(config.engine, config.sketch, config.sketch_top_k, config.pruner)
+        if self.sketch_kind in PROJECTED_SKETCHES:
             out = model.get_output_embeddings().weight
             # left on the CPU: each engine moves it to where it sketches (HF: beside its hidden states; vLLM: the
             # CPU, from its Python outputs), so no engine meets a projection on another device
@@ -167,7 +182,7 @@ class Trainer:
         self.answer_style = answer_style(config.template)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.budget_state = budget_init(config.budget, n=config.rollouts_per_prompt, **config.budget_args)
-        self.step, self.train_seconds, self._last_store_seconds = 0, 0.0, 0.0
+        self.step, self.train_seconds, self._last_store = 0, 0.0, (0.0, 0.0)
         self._images: dict[str, tuple[str, bytes]] = {}
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
@@ -210,7 +225,7 @@ class Trainer:
         # 5. sketch
         with timer.phase("sketch"):
             sketches = rollouts.sketches
-            if config.pruner in SKETCH_PRUNERS and config.sketch == "tokens":
+            if self.sketch_kind == "tokens":
                 sketches = token_sketch(rollouts.completion_ids, rollouts.completion_mask, dim=config.sketch_dim,
                                         seed=config.seed)
             token_ids = None
@@ -255,23 +270,24 @@ class Trainer:
 
         # 9. record
         self.train_seconds += timer.total
-        # a step's own write cannot be in its own row: time_store is the previous step's write
-        timer.seconds["store"] = self._last_store_seconds
-        start = time.perf_counter()
-        image_refs, images = self._image_refs(problems)
-        rows = step_rows(StepResult(
-            step=step, prompt_ids=prompt_ids, questions=[p.question for p in problems],
-            answers=[p.answer for p in problems], image_refs=image_refs, images=images, group_index=group_ids,
-            completions=rollouts.completion_text, lengths=rollouts.completion_mask.sum(1), rewards=rewards,
-            advantages=advantages, keep_mask=decision.keep_mask,
-            reasons=[Reason(r).name for r in decision.reasons.tolist()], scores=decision.scores,
-            weights=decision.weights, sketches=sketches, format_rewards=[p.format for p in parts],
-            accuracy_rewards=accuracy.tolist(), seconds=timer.seconds,
-            metrics={"lr": self.optimizer.param_groups[0]["lr"], "epoch_end": epoch_end, **metrics},
-            wall_time=self.train_seconds), log_rollouts=config.log_rollouts)
-        rows.write_to(self.writer)
-        self._last_store_seconds = time.perf_counter() - start
-        self.train_seconds += self._last_store_seconds
+        # a step's own write cannot be in its own row: time_store / cpu_store are the previous step's write
+        timer.seconds["store"], timer.cpu_seconds["store"] = self._last_store
+        store_timer = PhaseTimer()
+        with store_timer.phase("store"):
+            image_refs, images = self._image_refs(problems)
+            rows = step_rows(StepResult(
+                step=step, prompt_ids=prompt_ids, questions=[p.question for p in problems],
+                answers=[p.answer for p in problems], image_refs=image_refs, images=images, group_index=group_ids,
+                completions=rollouts.completion_text, lengths=rollouts.completion_mask.sum(1), rewards=rewards,
+                advantages=advantages, keep_mask=decision.keep_mask,
+                reasons=[Reason(r).name for r in decision.reasons.tolist()], scores=decision.scores,
+                weights=decision.weights, sketches=sketches, format_rewards=[p.format for p in parts],
+                accuracy_rewards=accuracy.tolist(), seconds=timer.seconds, cpu_seconds=timer.cpu_seconds,
+                metrics={"lr": self.optimizer.param_groups[0]["lr"], "epoch_end": epoch_end, **metrics},
+                wall_time=self.train_seconds), log_rollouts=config.log_rollouts)
+            rows.write_to(self.writer)
+        self._last_store = (store_timer.seconds["store"], store_timer.cpu_seconds["store"])
+        self.train_seconds += store_timer.seconds["store"]
 
         # 10. budget: new state from this step's pruning decisions
         stats = rows.stats

@@ -56,13 +56,15 @@ METHODS = (("grpo", "none"), ("fastrl", "fastrl"))  # (name, pruner)
 # ---------------------------------------------------------------------------------------------------- setup
 def run_config(args, store: Path, *, pruner: str, engine: str, device: torch.device):
     """The trainer's config of one method: GRPO loss with a KL term (beta 0.01, so the reference pass runs), a
-    fixed budget, the old pass recomputed by the trainer's forward (vLLM's numerics differ)."""
+    fixed budget, the old pass recomputed by the trainer's forward for both engines (vLLM's numerics differ; the
+    same cost on HF keeps the two comparable), the sketch each engine computes (`engines.resolve`)."""
     overrides = dict(
         run_name=f"gpu-check-{pruner}", store_dir=str(store), seed=args.seed, threads=args.threads,
         model="gpu-check", engine=engine, device=device.type, dataset="synthetic", template=TEMPLATE,
         synthetic_train=max(64, args.prompts * args.steps), synthetic_test=16, steps=args.steps,
         prompts_per_step=args.prompts, rollouts_per_prompt=args.rollouts, max_new_tokens=args.max_new_tokens,
-        objective="grpo", lr=args.lr, warmup_steps=1, recompute_old_logprobs=True, sketch="lm_head",
+        objective="grpo", lr=args.lr, warmup_steps=1, recompute_old_logprobs=True,
+        sketch="logprob" if engine == "vllm" else "lm_head",
         sketch_dim=256, sketch_top_k=args.top_k, pruner=pruner, keep_ratio=0.5, min_keep=2, budget="fixed",
         eval_every=0, checkpoint_every=0, log_rollouts=True,
     )

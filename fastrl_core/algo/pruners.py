@@ -131,6 +131,8 @@ def _result(groups: Groups, keep: Tensor, scores: Tensor, reasons: Tensor,
 
 Pruner = Callable[..., PruneResult]
 PRUNERS: Registry[Pruner] = Registry("pruner")
+# pruners that read GroupBatch.sketches (the trainer computes sketches only for these): a new one adds its name
+SKETCH_PRUNERS: set[str] = {"fastrl"}
 
 
 @PRUNERS.register("none")

@@ -13,7 +13,8 @@ What it does, against vLLM's offline `LLM` API:
   temperature. Vision special tokens are never sampled (logit bias −100, like HF's `suppress_tokens`).
 - sketches: vLLM returns top-K log-probs, not hidden states, so the sketch is `logprob_sketch` (the vocabulary
   side of the lm_head sketch, fastrl_core.algo.sketches) over the top-K ids plus the sampled token — the same
-  set top-K ∪ {y} the lm_head sketch uses. The trainer's `sketch=lm_head` therefore means `logprob` here.
+  set top-K ∪ {y} the lm_head sketch uses. The trainer asks for it as `sketch=logprob`; `sketch=lm_head` and
+  sketch_top_k=0 are rejected with vLLM (fastrl_core.engines.resolve).
 - `token_logprobs` (the old / reference / policy passes of the update) delegates to `HFEngine` on the same
   policy: training-side passes run in PyTorch, as they must for gradients.
 - `sync_weights(model)`, which the trainer calls at start (after a checkpoint is loaded) and after each update:
@@ -150,6 +151,8 @@ class VLLMEngine:
         seed: int = 0,
         **llm_kwargs,
     ) -> None:
+        if sketch_projection is not None and sketch_top_k < 1:  # vLLM returns top-K log-probs, never all V of them
+            raise ValueError(f"VLLMEngine: the logprob sketch needs sketch_top_k >= 1, got {sketch_top_k}")
         vllm = import_vllm()
         # the HF twin scores kept rollouts for the trainer and checks the shared arguments (temperature > 0)
         self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature)

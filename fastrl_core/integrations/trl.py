@@ -37,7 +37,16 @@ Per step (TRL's order, FastRL's steps added after its advantages):
      Pruner loss weights (e.g. `fastrl` with reweight) are folded into the advantages: exact for TRL's clipped
      surrogate (−min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A)) for w > 0); the KL term stays unweighted.
   6. deferred old/ref passes on the kept rows; 7. record the step (`store.step_rows`, the rows FastRL's own
-     trainer writes, through `RunWriter`; main process only).
+     trainer writes, through `RunWriter`; main process only); when `train()` returns the run is marked finished
+     (failed / stopped when it raises).
+
+Run for real under `torchrun --nproc_per_node 2` with gloo on CPU (tests/test_trl_multiprocess.py): every process
+takes the decision one process takes on the same gathered batch (`decide_global`), also when a prompt group
+straddles two processes; a process whose groups are all pruned trains on topped-up rows (without the top-up it
+has no rows, crashes, and the other process fails on the closed connection). Vision-language models: TRL's VLM
+path runs on CPU when `processing_class` is given (e.g. `load_policy(...).processor`, Pil image processor, no video
+processor; tests/test_trl_plugin.py); left to itself TRL calls `AutoProcessor.from_pretrained`, which for
+Qwen2-VL-style checkpoints needs torchvision (video processor) and fails without it.
 
 Departures, on purpose: no adaptive rollout budget — TRL fixes `num_generations` in its sampler and reshapes
 rewards by it, and its vLLM server mode slices completions by equal per-process counts, so a per-prompt rollout
@@ -114,6 +123,25 @@ def balance_kept(keep_mask: Tensor, advantages: Tensor, group_ids: Tensor, *, nu
             order = round_robin_order(advantages[dropped].abs().float(), group_ids[dropped])
             keep[dropped[order[:need]]] = True
     return keep, keep & ~keep_mask
+
+
+def decide_global(batch: GroupBatch, *, pruner: str, keep_ratio: float, min_keep: int, pruner_args: dict,
+                  seed: int, generation: int, num_processes: int, multiple: int
+                  ) -> tuple[PruneResult, Tensor, Tensor]:
+    """The step's keep decision over the gathered batch (N rows, process-major): prune, then `balance_kept`.
+
+    A function of the gathered tensors, the seed and the generation index only, so every process computes the
+    same decision with no further collective, and one process given the same batch computes it too.
+    Returns (decision, keep (N,) bool, topped_up (N,) bool); put-back rollouts get weight 1 in `decision.weights`.
+    """
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + generation)
+    decision = prune(pruner, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=generator, **pruner_args)
+    keep, topped_up = balance_kept(decision.keep_mask, batch.advantages, batch.group_ids,
+                                   num_processes=num_processes, multiple=multiple)
+    if topped_up.any():  # put-back rollouts train with their true advantage at weight 1
+        decision = PruneResult(decision.keep_mask, decision.scores, decision.reasons,
+                               torch.where(topped_up, 1.0, decision.weights))
+    return decision, keep, topped_up
 
 
 def select_rows(batch: dict[str, Any], index: Tensor) -> dict[str, Any]:
@@ -203,6 +231,19 @@ class FastRLGRPOTrainer(GRPOTrainer):
         self._deferred: list[_DeferredPass] = []
         self._stash: dict[str, Any] = {}
         self._seconds: dict[str, float] = {}
+
+    def train(self, *args, **kwargs):
+        """TRL's training loop; the run's store entry is then marked "finished" ("stopped" on Ctrl-C, "failed" on
+        an error) instead of staying "running", which the dashboard shows as a live run."""
+        try:
+            result = super().train(*args, **kwargs)
+        except BaseException as error:
+            if self._writer is not None:
+                self._writer.finish("stopped" if isinstance(error, KeyboardInterrupt) else "failed")
+            raise
+        if self._writer is not None:
+            self._writer.finish("finished")
+        return result
 
     # ---- hooks into TRL's step ---------------------------------------------------------------------------------
     def _generate(self, prompts: list):
@@ -319,17 +360,11 @@ class FastRLGRPOTrainer(GRPOTrainer):
         self._seconds["sketch"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self.fastrl_generation)
-        decision = prune(self.fastrl_pruner, GroupBatch(group_ids, torch.nan_to_num(rewards), advantages, sketches,
-                                                        token_ids),
-                         keep_ratio=self.fastrl_keep_ratio, min_keep=self.fastrl_min_keep, generator=generator,
-                         **self.fastrl_pruner_args)
-        keep, topped_up = balance_kept(decision.keep_mask, advantages, group_ids,
-                                       num_processes=self.accelerator.num_processes,
-                                       multiple=self.args.steps_per_generation)
-        if topped_up.any():  # put-back rollouts train with their true advantage at weight 1
-            decision = PruneResult(decision.keep_mask, decision.scores, decision.reasons,
-                                   torch.where(topped_up, 1.0, decision.weights))
+        decision, keep, topped_up = decide_global(
+            GroupBatch(group_ids, torch.nan_to_num(rewards), advantages, sketches, token_ids),
+            pruner=self.fastrl_pruner, keep_ratio=self.fastrl_keep_ratio, min_keep=self.fastrl_min_keep,
+            pruner_args=self.fastrl_pruner_args, seed=self.args.seed, generation=self.fastrl_generation,
+            num_processes=self.accelerator.num_processes, multiple=self.args.steps_per_generation)
         self._stash.update(rewards=rewards, advantages=advantages, group_ids=group_ids)
         self._seconds["prune"] = time.perf_counter() - start
         return decision, keep, topped_up, sketches

@@ -93,7 +93,8 @@ class StepResult:
     sketches: Any | None = None  # (N, D) gradient sketches
     format_rewards: Any | None = None  # (N,) float
     accuracy_rewards: Sequence[float | None] | None = None  # (N,); None where a rollout has none
-    seconds: Mapping[str, float] = field(default_factory=dict)  # seconds per phase -> `time_<phase>` columns
+    seconds: Mapping[str, float] = field(default_factory=dict)  # wall-clock seconds per phase -> `time_<phase>`
+    cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # process CPU seconds per phase -> `cpu_<phase>`
     metrics: Mapping[str, Any] = field(default_factory=dict)  # further steps columns: loss, kl, lr, epoch_end, ...
     wall_time: float | None = None  # training seconds so far (None: the writer's clock)
 
@@ -146,6 +147,7 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
         step_row["format_rate"] = _mean(_numpy(result.format_rewards, np.float64).reshape(-1))
     step_row.update(result.metrics)
     step_row.update({f"time_{phase}": float(seconds) for phase, seconds in result.seconds.items()})
+    step_row.update({f"cpu_{phase}": float(seconds) for phase, seconds in result.cpu_seconds.items()})
     if result.wall_time is not None:
         step_row["wall_time"] = float(result.wall_time)
 

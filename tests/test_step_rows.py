@@ -50,6 +50,7 @@ def _result(step=0, **changes) -> StepResult:
         scores=torch.tensor([1.2, 0.0, 1.2, 0.0, 0.0]), weights=torch.tensor([1.0, 0.7, 1.0, 0.0, 0.0]),
         sketches=torch.arange(20, dtype=torch.float32).view(5, 4), format_rewards=[1.0, 1.0, 0.0, 1.0, 0.0],
         accuracy_rewards=[1.0, 0.0, None, 0.5, 0.5], seconds={"generate": 0.25, "store": 0.0},
+        cpu_seconds={"generate": 0.125},
         metrics={"loss": 0.1, "lr": 1e-4, "epoch_end": False}, wall_time=2.5,
     )
     values.update(changes)
@@ -64,7 +65,8 @@ def test_rows_by_hand():
     assert row["accuracy"] == pytest.approx(0.5)  # mean of 1, 0, 0.5, 0.5 (one rollout has none)
     assert row["format_rate"] == pytest.approx(0.6)
     assert row["zero_variance_groups"] == 1  # p1
-    assert (row["time_generate"], row["wall_time"], row["loss"], row["epoch_end"]) == (0.25, 2.5, 0.1, False)
+    assert (row["time_generate"], row["cpu_generate"], row["wall_time"]) == (0.25, 0.125, 2.5)
+    assert (row["loss"], row["epoch_end"]) == (0.1, False)
     assert rows.groups == [
         {"prompt_id": "p0", "reward_mean": pytest.approx(2 / 3), "reward_std": pytest.approx(math.sqrt(7 / 18)),
          "sampled": 3, "kept": 2},

@@ -40,9 +40,10 @@ METHODS: dict[str, list[str]] = {
     "random": ["pruner=random", "budget=fixed"],  # paper Table 5: a random 50 % of each group
     "advantage_only": ["pruner=advantage_only", "budget=fixed"],  # paper Table 5: one rollout per advantage value
     "greso": ["pruner=none", "budget=greso"],  # skip prompts before generation from their reward history
-    "fastrl_paper": ["pruner=fastrl_paper", "budget=rollout_sa"],  # the paper's rule as written
+    "fastrl_paper": ["pruner=fastrl_paper", "budget=rollout_sa_paper"],  # the paper's rule and ARS as written
     "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],  # the authors' code
     "fastrl": ["pruner=fastrl", "budget=adaptive"],
+    "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],
     "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],

@@ -133,6 +133,7 @@ Pruner = Callable[..., PruneResult]
 PRUNERS: Registry[Pruner] = Registry("pruner")
 # pruners that read GroupBatch.sketches (the trainer computes sketches only for these): a new one adds its name
 SKETCH_PRUNERS: set[str] = {"fastrl"}
+TOKEN_PRUNERS: set[str] = {"fastrl_official", "fastrl_paper"}  # read GroupBatch.token_ids
 
 
 @PRUNERS.register("none")

@@ -36,8 +36,9 @@ Per step (TRL's order, FastRL's steps added after its advantages):
      `num_items_in_batch` is recomputed from the kept tokens (token-mean losses normalise over kept tokens).
      Pruner loss weights (e.g. `fastrl` with reweight) are folded into the advantages: exact for TRL's clipped
      surrogate (−min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A)) for w > 0); the KL term stays unweighted.
-  6. deferred old/ref passes on the kept rows; 7. record the step through `RunWriter` (main process only); when
-     `train()` returns the run is marked finished (failed / stopped when it raises).
+  6. deferred old/ref passes on the kept rows; 7. record the step (`store.step_rows`, the rows FastRL's own
+     trainer writes, through `RunWriter`; main process only); when `train()` returns the run is marked finished
+     (failed / stopped when it raises).
 
 Run for real under `torchrun --nproc_per_node 2` with gloo on CPU (tests/test_trl_multiprocess.py): every process
 takes the decision one process takes on the same gathered batch (`decide_global`), also when a prompt group
@@ -383,7 +384,7 @@ class FastRLGRPOTrainer(GRPOTrainer):
         lengths = gather_object([len(tokens) for tokens in stash["completion_ids"]])
         if not self.accelerator.is_main_process:
             return
-        from fastrl_core.store import RunWriter, image_key
+        from fastrl_core.store import RunWriter, StepResult, image_key, step_rows
 
         if self._writer is None:
             self._writer = RunWriter(self.fastrl_store_dir, name=self.fastrl_run_name, config=self._run_config(),
@@ -405,36 +406,20 @@ class FastRLGRPOTrainer(GRPOTrainer):
             if ref is not None:
                 images[ref] = png
             image_refs.append(ref)
+        firsts = [g * self.num_generations for g in range(num_groups)]
         reasons = [TOPPED_UP if up else Reason(int(r)).name for r, up in zip(decision.reasons.tolist(),
                                                                               topped_up.tolist())]
-        rollouts = [{
-            "rollout_id": f"{self.fastrl_generation}-{i}", "prompt_id": prompt_ids[g], "image_ref": image_refs[g],
-            "question": questions[i], "answer": answers[i], "completion": completions[i],
-            "reward": float(rewards[i]), "format_reward": None, "accuracy_reward": self._accuracy(i),
-            "advantage": float(advantages[i]), "kept": bool(keep[i]), "reason": reasons[i],
-            "score": float(decision.scores[i]), "weight": float(decision.weights[i]) if keep[i] else 0.0,
-            "length": int(lengths[i]), "sketch": sketches[i].numpy(),
-        } for i, g in enumerate(group_ids.tolist())]
-        groups = []
-        for g in range(num_groups):
-            members = group_ids == g
-            group_rewards = rewards[members]
-            groups.append({"prompt_id": prompt_ids[g], "reward_mean": float(group_rewards.nanmean()),
-                           "reward_std": float(_nanstd(group_rewards)), "sampled": int(members.sum()),
-                           "kept": int((keep & members).sum())})
-        accuracy = self._accuracy(None)
-        seconds = dict(self._seconds)
+        seconds = dict.fromkeys(PHASES, 0.0) | self._seconds
         seconds["store"] = time.perf_counter() - start
-        step_row = {
-            "rollouts_sampled": len(rollouts), "rollouts_kept": int(keep.sum()),
-            "rollouts_per_prompt": float(self.num_generations), "reward_mean": float(rewards.nanmean()),
-            "accuracy": accuracy if accuracy is not None else float("nan"), "loss": None, "kl": None,
-            "clip_fraction": None, "zero_variance_groups": sum(g["reward_std"] == 0 for g in groups),
-            "rollouts_topped_up": int(topped_up.sum()), "global_step": int(self.state.global_step),
-            **{f"time_{phase}": seconds.get(phase, 0.0) for phase in PHASES},
-        }
-        self._writer.write_step(self.fastrl_generation, step_row=step_row, groups=groups, rollouts=rollouts,
-                                images=images)
+        rows = step_rows(StepResult(
+            step=self.fastrl_generation, prompt_ids=prompt_ids, questions=[questions[i] for i in firsts],
+            answers=[answers[i] for i in firsts], image_refs=image_refs, images=images, group_index=group_ids,
+            completions=completions, lengths=lengths, rewards=rewards, advantages=advantages, keep_mask=keep,
+            reasons=reasons, scores=decision.scores, weights=decision.weights, sketches=sketches,
+            accuracy_rewards=[self._accuracy(i) for i in range(len(completions))], seconds=seconds,
+            metrics={"loss": None, "kl": None, "clip_fraction": None, "rollouts_topped_up": int(topped_up.sum()),
+                     "global_step": int(self.state.global_step)}))
+        rows.write_to(self._writer)
 
     def _accuracy(self, row: int | None) -> float | None:
         """The accuracy reward of rollout `row`, or its mean over the step (None without an accuracy reward)."""
@@ -448,12 +433,6 @@ class FastRLGRPOTrainer(GRPOTrainer):
         return {"trl_args": self.args.to_dict(), "pruner": self.fastrl_pruner, "keep_ratio": self.fastrl_keep_ratio,
                 "min_keep": self.fastrl_min_keep, "pruner_args": self.fastrl_pruner_args,
                 "sketch": "tokens", "sketch_dim": self.fastrl_sketch_dim, "defer_scoring": self.fastrl_defer_scoring}
-
-
-def _nanstd(values: Tensor) -> Tensor:
-    """Population std ignoring NaN (0 for fewer than two values)."""
-    values = values[~torch.isnan(values)]
-    return values.std(unbiased=False) if values.numel() > 1 else torch.zeros(())
 
 
 def _first_image_png(example: dict) -> bytes | None:

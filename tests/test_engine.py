@@ -257,3 +257,22 @@ def test_ids_beyond_the_tokenizer_are_sampled_and_dropped_when_decoding(problems
     a, b = tokenizer.convert_tokens_to_ids(["K", "L"]) if "K" in tokenizer.get_vocab() else (20, 21)
     decoded = engine.decode(torch.tensor([[a, 2047, b, len(tokenizer)]]), torch.ones(1, 4, dtype=torch.bool))
     assert decoded == [tokenizer.decode([a, b])]
+
+
+def test_width_builder_rejects_a_vocabulary_below_the_tokenizer_and_bad_head_dims(random_policy):
+    from fastrl_core.policy import QWEN2_5_VL_3B_WIDTHS, build_vlm
+
+    tokenizer = random_policy.tokenizer
+    with pytest.raises(ValueError, match="vocab_size 100 is below the tokenizer's"):
+        build_vlm(tokenizer, TINY_WIDTHS.replace(vocab_size=100))
+    with pytest.raises(ValueError, match="num_heads 3"):
+        build_vlm(tokenizer, TINY_WIDTHS.replace(num_heads=3))
+    text = random_policy.model.config.text_config  # the tiny widths: head_dim 32 -> mRoPE [4, 6, 6]
+    assert text.rope_parameters["mrope_section"] == [4, 6, 6] and text.vocab_size == len(tokenizer)
+    # head_dim 128 (3B's 2048 / 16 heads) -> Qwen2.5-VL-3B's [16, 24, 24]; narrow MLPs keep this model small
+    narrow = QWEN2_5_VL_3B_WIDTHS.replace(num_layers=1, intermediate_size=64, vision_depth=1, vision_hidden_size=32,
+                                          vision_intermediate_size=32, vision_heads=2, vocab_size=None)
+    config = build_vlm(tokenizer, narrow).config
+    assert config.text_config.rope_parameters["mrope_section"] == [16, 24, 24]
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 2048
+    assert QWEN2_5_VL_3B_WIDTHS.num_layers == 36 and QWEN2_5_VL_3B_WIDTHS.vocab_size == 151_936

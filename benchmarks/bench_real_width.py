@@ -5,7 +5,7 @@
 
 Builds a random-weight Qwen2.5-VL at Qwen2.5-VL-3B's widths (text hidden 2048, MLP 11008, 16 heads / 2 KV heads,
 head_dim 128, mRoPE [16, 24, 24], tied embeddings; vision hidden 1280, 16 heads) with `--layers` text layers and
-`--vision-depth` vision blocks (`fastrl_core.policy.build_qwen25vl`, the shipped 482-entry tokenizer), saves it,
+`--vision-depth` vision blocks (`fastrl_core.policy.build_random_policy`, the shipped 482-entry tokenizer), saves it,
 then runs the command users run, in a child process each:
 
     python -m fastrl_core.cli train configs/embedded.yaml model=<dir> steps=1 prompts_per_step=2
@@ -30,7 +30,6 @@ completions).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -53,11 +52,11 @@ def build_checkpoint(directory: Path, layers: int, vision_depth: int) -> dict:
     """Build and save the model; returns its parameter counts."""
     import torch
 
-    from fastrl_core.policy import QWEN25VL_3B_TWO_LAYERS, build_qwen25vl, save_policy
+    from fastrl_core.policy import QWEN2_5_VL_3B_TWO_LAYERS, build_random_policy, save_policy
 
     torch.set_num_threads(1)
-    widths = dataclasses.replace(QWEN25VL_3B_TWO_LAYERS, num_layers=layers, vision_depth=vision_depth)
-    policy = build_qwen25vl(widths, seed=0)
+    widths = QWEN2_5_VL_3B_TWO_LAYERS.replace(num_layers=layers, vision_depth=vision_depth)
+    policy = build_random_policy(widths, seed=0)
     save_policy(policy, directory)
     counts = {"parameters": sum(p.numel() for p in policy.model.parameters()),
               "vision_parameters": sum(p.numel() for p in policy.model.model.visual.parameters()),

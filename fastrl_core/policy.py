@@ -156,6 +156,7 @@ class VLMWidths:
     vision_intermediate_size: int = 128
     vision_heads: int = 2
     vocab_size: int | None = None
+    tie_word_embeddings: bool = False  # Qwen2.5-VL-3B ties its embedding and unembedding, 7B does not
     rope_theta: float = 10000.0
     max_position_embeddings: int = 1024
 
@@ -168,21 +169,24 @@ TINY_WIDTHS = VLMWidths()
 # Qwen2.5-VL-3B-Instruct's widths (its config.json); build fewer layers with `.replace(num_layers=..., vision_depth=...)`.
 QWEN2_5_VL_3B_WIDTHS = VLMWidths(
     hidden_size=2048, intermediate_size=11008, num_layers=36, num_heads=16, num_kv_heads=2, vision_depth=32,
-    vision_hidden_size=1280, vision_intermediate_size=3420, vision_heads=16, vocab_size=151_936, rope_theta=1e6,
-    max_position_embeddings=4096,
+    vision_hidden_size=1280, vision_intermediate_size=3420, vision_heads=16, vocab_size=151_936,
+    tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=4096,
 )
+# Its width and vocabulary at a depth a CPU can step: 2 text layers, 1 vision block (benchmarks/bench_real_width.py)
+QWEN2_5_VL_3B_TWO_LAYERS = QWEN2_5_VL_3B_WIDTHS.replace(num_layers=2, vision_depth=1)
 
 
 def build_vlm(
     tokenizer: PreTrainedTokenizerFast, widths: VLMWidths = TINY_WIDTHS, *, seed: int = 0,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
 ) -> Qwen2_5_VLForConditionalGeneration:
     """A randomly initialised Qwen2.5-VL of `widths` (patch 14, merge 2) in eval mode, cast to `dtype` after a
     float32 init (so peak memory is the float32 size). Special-token ids come from `tokenizer`; the weights are
-    deterministic by `seed` (drawn inside `torch.random.fork_rng`: the caller's global RNG is left alone)."""
-    if widths.hidden_size % widths.num_heads or (widths.hidden_size // widths.num_heads) % 4:
+    deterministic by `seed` (drawn inside `torch.random.fork_rng`: the caller's global RNG is left alone);
+    `device="meta"` builds the shapes without memory."""
+    if widths.hidden_size % widths.num_heads or (widths.hidden_size // widths.num_heads) % 16:
         raise ValueError(f"VLMWidths: hidden_size {widths.hidden_size} / num_heads {widths.num_heads} must be a "
-                         f"head_dim divisible by 4 (mRoPE splits head_dim / 2 three ways)")
+                         f"head_dim divisible by 16 (mRoPE splits head_dim / 2 as 1/4, 3/8, 3/8)")
     vocab_size = len(tokenizer) if widths.vocab_size is None else widths.vocab_size
     if vocab_size < len(tokenizer):
         raise ValueError(f"VLMWidths: vocab_size {vocab_size} is below the tokenizer's {len(tokenizer)} entries")
@@ -202,7 +206,7 @@ def build_vlm(
             bos_token_id=ids[PAD_TOKEN],
             eos_token_id=ids[EOS_TOKEN],
             pad_token_id=ids[PAD_TOKEN],
-            tie_word_embeddings=False,
+            tie_word_embeddings=widths.tie_word_embeddings,
         ),
         vision_config=dict(
             depth=widths.vision_depth,
@@ -221,9 +225,9 @@ def build_vlm(
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=widths.tie_word_embeddings,
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = Qwen2_5_VLForConditionalGeneration(config)
     model.generation_config.eos_token_id = ids[EOS_TOKEN]
@@ -247,78 +251,18 @@ def build_policy(
     E.g. `build_policy(corpus, QWEN2_5_VL_3B_WIDTHS.replace(num_layers=2, vision_depth=1), dtype=torch.bfloat16)`."""
     tokenizer = build_tokenizer(corpus, tokenizer_vocab_size)
     model = build_vlm(tokenizer, widths, seed=seed, dtype=dtype)
-    return Policy(model, build_processor(tokenizer, image_processor), vision_token_ids(tokenizer, model.config))
+    return Policy(model, build_processor(tokenizer, image_processor), never_sampled_token_ids(tokenizer, model.config))
 
 
-@dataclass(frozen=True)
-class Qwen25VLWidths:
-    """Sizes of a Qwen2.5-VL built from config by `build_qwen25vl` (patch 14, merge 2, windows of 112 pixels,
-    the last vision block full attention). mRoPE's (temporal, height, width) split of head_dim / 2 is Qwen's
-    1/4, 3/8, 3/8 (head_dim 128 -> [16, 24, 24]). `vocab_size` may exceed the tokenizer: the real models' 151,936
-    unembedding rows pad a 151,665-entry tokenizer; here they pad the shipped ~1k-entry one."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    vision_depth: int
-    vision_hidden_size: int
-    vision_intermediate_size: int
-    vision_heads: int
-    rope_theta: float = 1e6
-    max_position_embeddings: int = 4096
-
-
-# Qwen2.5-VL-3B-Instruct's config.json widths (36 text layers, 32 vision blocks there) with 2 text layers and one
-# vision block: the width and the vocabulary of what users train, at a depth a CPU can step.
-QWEN25VL_3B_TWO_LAYERS = Qwen25VLWidths(
-    hidden_size=2048, intermediate_size=11008, num_layers=2, num_heads=16, num_kv_heads=2, vocab_size=151_936,
-    tie_word_embeddings=True, vision_depth=1, vision_hidden_size=1280, vision_intermediate_size=3420, vision_heads=16)
-
-
-def build_qwen25vl(widths: Qwen25VLWidths, *, seed: int = 0, device: str | torch.device = "cpu") -> Policy:
-    """A randomly initialised Qwen2.5-VL of `widths` (float32, eval mode) with the shipped warm start's tokenizer
-    and images-only processor (`data/warmstart/`); save it with `save_policy` and train it with
-    `fastrl train ... model=<path>`. Weights deterministic by `seed` (the caller's RNG is left alone);
-    `device="meta"` builds the shapes without memory."""
-    head_dim, remainder = divmod(widths.hidden_size, widths.num_heads)
-    if remainder or head_dim % 16:
-        raise ValueError(f"Qwen25VLWidths: hidden_size {widths.hidden_size} / num_heads {widths.num_heads} must be "
-                         "a whole head_dim divisible by 16 (mRoPE splits head_dim / 2 as 1/4, 3/8, 3/8)")
+def build_random_policy(widths: VLMWidths, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> Policy:
+    """A random Qwen2.5-VL of `widths` (`build_vlm`) with the shipped warm start's tokenizer and images-only processor
+    (`data/warmstart/`): save it with `save_policy` and train it with `fastrl train ... model=<path>`. Output rows the
+    tokenizer has no entry for are never sampled (`never_sampled_token_ids`)."""
     processor = _load_processor(EMBEDDED_DIR)
     processor.tokenizer.padding_side = "left"
-    tokenizer = processor.tokenizer
-    if widths.vocab_size < len(tokenizer):
-        raise ValueError(f"Qwen25VLWidths: vocab_size {widths.vocab_size} is below the tokenizer's {len(tokenizer)}")
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    half = head_dim // 2
-    config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=widths.vocab_size, hidden_size=widths.hidden_size, intermediate_size=widths.intermediate_size,
-            num_hidden_layers=widths.num_layers, num_attention_heads=widths.num_heads,
-            num_key_value_heads=widths.num_kv_heads, max_position_embeddings=widths.max_position_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": widths.rope_theta,
-                             "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]},
-            bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN],
-            tie_word_embeddings=widths.tie_word_embeddings),
-        vision_config=dict(
-            depth=widths.vision_depth, hidden_size=widths.vision_hidden_size,
-            intermediate_size=widths.vision_intermediate_size, num_heads=widths.vision_heads, patch_size=14,
-            spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-            fullatt_block_indexes=[widths.vision_depth - 1], out_hidden_size=widths.hidden_size, tokens_per_second=2),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=widths.tie_word_embeddings,
-    )
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
-        setattr(model.generation_config, key, getattr(config.text_config, key))
-    return Policy(model.eval(), processor, never_sampled_token_ids(tokenizer, model.config))
+    model = build_vlm(processor.tokenizer, widths, seed=seed, dtype=dtype, device=device)
+    return Policy(model, processor, never_sampled_token_ids(processor.tokenizer, model.config))
 
 
 def build_tiny_policy(corpus: Iterable[str], *, vocab_size: int = 1024, seed: int = 0) -> Policy:

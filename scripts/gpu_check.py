@@ -4,9 +4,9 @@ plug-in on one GPU, in well under 10 minutes.
 
 What it runs (no hub access needed; every model is built from a config with random weights):
   1. a Qwen2.5-VL at the real widths of Qwen2.5-VL-3B (text hidden 2048, MLP 11008, 16 heads / 2 KV heads,
-     head_dim 128, mrope [16, 24, 24]; vision hidden 1280, 16 heads) with few layers (`--layers`, `--vision-depth`),
-     a byte-level BPE tokenizer trained locally on the synthetic task (~1k tokens: the real 152k-entry unembedding
-     is the one width NOT reproduced), and the synthetic geometry task's 112x112 diagrams;
+     head_dim 128, mrope [16, 24, 24], tied embeddings; vision hidden 1280, 16 heads) and the real 151,936-row
+     vocabulary, with few layers (`--layers`, `--vision-depth`), a byte-level BPE tokenizer trained locally on the
+     synthetic task (~1k entries; the rows it cannot decode are never sampled), and the task's 112x112 diagrams;
   2. rollout throughput: one batch with the run's engine (`--engine`: vLLM when importable, else HF `generate` on
      the GPU), and with vLLM also the same batch with HF `generate` for comparison;
   3. `--steps` steps of plain GRPO (pruner `none`) and of FastRL (pruner `fastrl`), each from the same initial
@@ -82,8 +82,8 @@ def build_policy(problems, args):
         return build_tiny_policy(corpus, vocab_size=512, seed=args.seed)
     from transformers import Qwen2VLImageProcessor
 
-    # vocab_size=None: one output row per tokenizer entry (the real 152k-row unembedding is not reproduced here)
-    widths = QWEN2_5_VL_3B_WIDTHS.replace(num_layers=args.layers, vision_depth=args.vision_depth, vocab_size=None)
+    # the real 151,936-row unembedding over a ~1k-entry local tokenizer: rows it cannot decode are never sampled
+    widths = QWEN2_5_VL_3B_WIDTHS.replace(num_layers=args.layers, vision_depth=args.vision_depth)
     return build_widths_policy(corpus, widths, tokenizer_vocab_size=1024, seed=args.seed, dtype=torch.bfloat16,
                                image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112))
 

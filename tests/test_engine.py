@@ -239,11 +239,20 @@ def test_streamed_logprobs_and_sketches_equal_the_stacked_logits_computation(pol
 
 def test_ids_beyond_the_tokenizer_are_sampled_and_dropped_when_decoding(problems):
     """A model with more output rows than tokenizer entries (like Qwen2.5-VL's padded 151,936-row unembedding) does
-    sample the extra ids when random; generate, re-scoring and decoding cope, and decode drops exactly those ids."""
-    policy = build_policy(tokenizer_corpus(problems, TEMPLATES), TINY_WIDTHS.replace(vocab_size=2048),
-                          tokenizer_vocab_size=512, seed=1)
-    tokenizer = policy.tokenizer
-    assert policy.model.lm_head.weight.shape[0] == 2048 > len(tokenizer)
+    sample the extra ids when random and not suppressed (the policy builders suppress them: checked first); with
+    only the vision tokens suppressed, generate, re-scoring and decoding cope, and decode drops exactly those ids."""
+    import dataclasses
+
+    from fastrl_core.policy import vision_token_ids
+
+    built = build_policy(tokenizer_corpus(problems, TEMPLATES), TINY_WIDTHS.replace(vocab_size=2048),
+                         tokenizer_vocab_size=512, seed=1)
+    tokenizer = built.tokenizer
+    assert built.model.lm_head.weight.shape[0] == 2048 > len(tokenizer)
+    suppressed = HFEngine(built, max_new_tokens=16).generate(problems, [2, 2, 2, 2],
+                                                             generator=torch.Generator().manual_seed(0))
+    assert int(suppressed.completion_ids[suppressed.completion_mask].max()) < len(tokenizer)
+    policy = dataclasses.replace(built, suppress_token_ids=vision_token_ids(tokenizer, built.model.config))
     engine = HFEngine(policy, max_new_tokens=16, sketch_projection=make_projection(2048, 128, sketch_dim=64))
     rollouts = engine.generate(problems, [2, 2, 2, 2], generator=torch.Generator().manual_seed(0))
     sampled_ids = rollouts.completion_ids[rollouts.completion_mask]
@@ -267,6 +276,8 @@ def test_width_builder_rejects_a_vocabulary_below_the_tokenizer_and_bad_head_dim
         build_vlm(tokenizer, TINY_WIDTHS.replace(vocab_size=100))
     with pytest.raises(ValueError, match="num_heads 3"):
         build_vlm(tokenizer, TINY_WIDTHS.replace(num_heads=3))
+    with pytest.raises(ValueError, match="divisible by 16"):
+        build_vlm(tokenizer, TINY_WIDTHS.replace(num_heads=16))  # head_dim 8
     text = random_policy.model.config.text_config  # the tiny widths: head_dim 32 -> mRoPE [4, 6, 6]
     assert text.rope_parameters["mrope_section"] == [4, 6, 6] and text.vocab_size == len(tokenizer)
     # head_dim 128 (3B's 2048 / 16 heads) -> Qwen2.5-VL-3B's [16, 24, 24]; narrow MLPs keep this model small

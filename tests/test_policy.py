@@ -118,7 +118,7 @@ def test_embedded_checkpoint_loads_and_answers_in_format(tmp_path):
     assert sum(format_reward(t, "boxed") for t in texts) >= 0.9 * len(texts)
 
 
-# ---- Qwen2.5-VL at given widths (build_qwen25vl) ---------------------------------------------------------------
+# ---- Qwen2.5-VL at given widths (build_random_policy) ---------------------------------------------------------------
 def _text_layer(hidden: int, mlp: int, kv_width: int) -> int:
     """Parameters of one Qwen2 decoder layer: q/k/v with biases, o without, gated MLP, two RMSNorms."""
     return (hidden * hidden + hidden) + 2 * (hidden * kv_width + kv_width) + hidden * hidden + 3 * hidden * mlp \
@@ -132,9 +132,9 @@ def _vision_block(hidden: int, mlp: int) -> int:
 
 
 def test_qwen25vl_at_3b_widths_has_the_hand_counted_parameters_and_tied_embeddings():
-    from fastrl_core.policy import QWEN25VL_3B_TWO_LAYERS, build_qwen25vl
+    from fastrl_core.policy import QWEN2_5_VL_3B_TWO_LAYERS, build_random_policy
 
-    policy = build_qwen25vl(QWEN25VL_3B_TWO_LAYERS, device="meta")  # shapes only, no memory
+    policy = build_random_policy(QWEN2_5_VL_3B_TWO_LAYERS, device="meta")  # shapes only, no memory
     model, text = policy.model, policy.model.config.text_config
     assert (text.hidden_size, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads,
             text.vocab_size) == (2048, 11008, 16, 2, 151_936)
@@ -150,15 +150,13 @@ def test_qwen25vl_at_3b_widths_has_the_hand_counted_parameters_and_tied_embeddin
     assert policy.suppress_token_ids == vision_ids + list(range(len(policy.tokenizer), 151_936))
 
 
-def test_build_qwen25vl_rejects_widths_it_cannot_build():
-    import dataclasses
-
-    from fastrl_core.policy import QWEN25VL_3B_TWO_LAYERS, build_qwen25vl
+def test_build_random_policy_rejects_widths_it_cannot_build():
+    from fastrl_core.policy import QWEN2_5_VL_3B_TWO_LAYERS, build_random_policy
 
     with pytest.raises(ValueError, match="divisible by 16"):
-        build_qwen25vl(dataclasses.replace(QWEN25VL_3B_TWO_LAYERS, num_heads=256), device="meta")  # head_dim 8
+        build_random_policy(QWEN2_5_VL_3B_TWO_LAYERS.replace(num_heads=256), device="meta")  # head_dim 8
     with pytest.raises(ValueError, match="below the tokenizer"):
-        build_qwen25vl(dataclasses.replace(QWEN25VL_3B_TWO_LAYERS, vocab_size=100), device="meta")
+        build_random_policy(QWEN2_5_VL_3B_TWO_LAYERS.replace(vocab_size=100), device="meta")
 
 
 SMALL_WIDE_VOCAB = dict(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2,
@@ -170,9 +168,9 @@ def test_a_model_wider_than_its_tokenizer_saves_loads_and_never_samples_undecoda
     """4,096 output rows over the shipped 482-entry tokenizer: a random init puts ~88 % of its mass on rows that
     decode to nothing; they are suppressed, so every sampled id decodes and completions are not empty."""
     from fastrl_core.engines.hf import HFEngine
-    from fastrl_core.policy import Qwen25VLWidths, build_qwen25vl
+    from fastrl_core.policy import VLMWidths, build_random_policy
 
-    built = build_qwen25vl(Qwen25VLWidths(**SMALL_WIDE_VOCAB), seed=1)
+    built = build_random_policy(VLMWidths(**SMALL_WIDE_VOCAB), seed=1)
     save_policy(built, tmp_path / "wide")
     loaded = load_policy(tmp_path / "wide")
     assert loaded.model.lm_head.weight is loaded.model.model.language_model.embed_tokens.weight

@@ -66,7 +66,7 @@ def test_prune_distinct_prunes_representatives_and_marks_copies():
     mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 0], [1, 1], [1, 1]]).bool()
     duplicates = find_duplicates(batch.group_ids, ids, mask)
     assert duplicates.counts.tolist() == [3, 1, 2]
-    result = prune_distinct("fastrl", batch, duplicates, keep_ratio=0.5, min_keep=2)
+    result = prune_distinct("fastrl", batch, duplicates, keep_ratio=0.5, min_keep=2, similarity="cosine")
     assert result.keep_mask.tolist() == [True, False, False, False, True, False]
     assert result.reasons.tolist() == [Reason.KEPT, Reason.DUPLICATE, Reason.DUPLICATE, Reason.REDUNDANT,
                                        Reason.KEPT, Reason.DUPLICATE]

@@ -195,9 +195,10 @@ def test_fastrl_batched_greedy_matches_loop_reference(batch, keep_ratio, min_kee
     assert torch.equal(result.keep_mask, naive_fastrl_selection(batch, keep_ratio, min_keep))
 
 
-def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int) -> torch.Tensor:
-    """Loop reference for the sign-capped greedy facility location on the cosine kernel: per group, add the
-    candidate j maximising F(S + j) = Σ_i m_i|A_i| max(0, max_{k ∈ S + j, same sign} cos(φ_i, φ_k))."""
+def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int, similarity: str) -> torch.Tensor:
+    """Loop reference for the sign-capped greedy facility location: per group, add the candidate j maximising
+    F(S + j) = Σ_i m_i|A_i| max(0, max_{k ∈ S + j, same sign} sim(i, k)), sim = cos(φ_i, φ_k) or
+    ||φ_i|| − ||φ_i − φ_k||."""
     keep = torch.zeros(batch.group_ids.numel(), dtype=torch.bool)
     counts = torch.ones(batch.group_ids.numel()) if batch.counts is None else batch.counts
     for g in batch.group_ids.unique():
@@ -207,8 +208,13 @@ def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int)
             continue
         a = batch.advantages[members].double()
         omega = counts[members].double() * a.abs()
-        units = torch.nn.functional.normalize(batch.sketches[members].double(), dim=1)
-        cos = units @ units.T
+        phi = batch.sketches[members].double()
+        if similarity == "cosine":
+            units = torch.nn.functional.normalize(phi, dim=1)
+            sim = units @ units.T
+        else:
+            sim = torch.tensor([[float(phi[i].norm() - (phi[i] - phi[k]).norm()) for k in range(len(members))]
+                                for i in range(len(members))])
         n_pos, n_neg = int((a > 0).sum()), int((a < 0).sum())
         m = min(len(members), max(min_keep, math.ceil(keep_ratio * len(members) - 1e-9)))
         m = max(m, (n_pos > 0) + (n_neg > 0))
@@ -218,7 +224,7 @@ def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int)
             total = 0.0
             for i in range(len(members)):
                 same = [k for k in subset if bool(a[k] > 0) == bool(a[i] > 0)]
-                total += float(omega[i]) * max([0.0] + [float(cos[i, k]) for k in same])
+                total += float(omega[i]) * max([0.0] + [float(sim[i, k]) for k in same])
             return total
 
         chosen: list[int] = []
@@ -232,14 +238,14 @@ def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int)
 
 @settings(max_examples=40, deadline=None)
 @given(batch=batches(dim=10, continuous=True), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
-       with_counts=st.booleans())
-def test_fastrl_coreset_matches_loop_reference(batch, keep_ratio, min_keep, with_counts):
+       with_counts=st.booleans(), similarity=st.sampled_from(["cosine", "euclidean"]))
+def test_fastrl_coreset_matches_loop_reference(batch, keep_ratio, min_keep, with_counts, similarity):
     """Generic sketches and distinct advantages (no ties); optionally random multiplicities."""
     if with_counts:
         counts = 1.0 + torch.arange(batch.group_ids.numel()).remainder(3).float()
         batch = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, batch.sketches, counts=counts)
-    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep)
-    assert torch.equal(result.keep_mask, naive_coreset_selection(batch, keep_ratio, min_keep))
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, similarity=similarity)
+    assert torch.equal(result.keep_mask, naive_coreset_selection(batch, keep_ratio, min_keep, similarity))
 
 
 @settings(max_examples=60, deadline=None)
@@ -265,7 +271,8 @@ def test_fastrl_coreset_weights_carry_each_signs_mass(batch, keep_ratio, min_kee
             assert share * float(mass[kept].sum()) * (1 - 1e-5) - 1e-6 <= carried
             assert carried <= share * float(mass[rows].sum()) * (1 + 1e-5) + 1e-6
     same = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, torch.ones_like(batch.sketches), counts=counts)
-    result = prune("fastrl", same, keep_ratio=keep_ratio, min_keep=min_keep, similarity="cosine")
+    seeing = "cosine" if similarity == "identity" else similarity  # identity: no rollout stands for another
+    result = prune("fastrl", same, keep_ratio=keep_ratio, min_keep=min_keep, similarity=seeing)
     share = float((m * result.keep_mask).sum() / m.sum())
     for g in batch.group_ids.unique():
         rows = (batch.group_ids == g) & nonzero
@@ -281,7 +288,8 @@ def test_fastrl_coreset_hand_computed():
     negative; the unpicked copies are covered (gain 0, REDUNDANT)."""
     sketches = [[1, 0, 0], [1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1]]
     batch = batch_of([0] * 6, [0] * 6, advantages=[1.0, 1.0, 1.0, 1.0, -2.0, -2.0], sketches=sketches)
-    result = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, generator=torch.Generator().manual_seed(0))
+    result = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, generator=torch.Generator().manual_seed(0),
+                   similarity="cosine")
     keep = result.keep_mask
     assert int(keep[:3].sum()) == 1 and keep[3] and int(keep[4:].sum()) == 1
     assert result.weights[keep].tolist() == pytest.approx(
@@ -293,7 +301,7 @@ def test_fastrl_coreset_hand_computed():
     # the same rollouts merged (multiplicities 3, 1, 2), all three kept, give the same update direction Σ m w A φ
     merged = GroupBatch(torch.zeros(3, dtype=torch.long), torch.zeros(3), torch.tensor([1.0, 1.0, -2.0]),
                         torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]), counts=torch.tensor([3.0, 1.0, 2.0]))
-    merged_result = prune("fastrl", merged, keep_ratio=1.0, min_keep=2)
+    merged_result = prune("fastrl", merged, keep_ratio=1.0, min_keep=2, similarity="cosine")
     update = (result.weights * batch.advantages)[:, None] * batch.sketches
     merged_update = (merged.counts * merged_result.weights * merged.advantages)[:, None] * merged.sketches
     # up to the K / N factor: 3 / 6 unmerged (3 rows kept of 6), 6 / 6 merged (3 rows standing for all 6)

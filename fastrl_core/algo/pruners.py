@@ -360,7 +360,7 @@ def greedy_dpp(kernel: Tensor, log_quality: Tensor, candidates: Tensor, positive
 
 @PRUNERS.register("fastrl")
 def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
-           generator: torch.Generator | None, selection: str = "coreset", similarity: str = "cosine",
+           generator: torch.Generator | None, selection: str = "coreset", similarity: str = "euclidean",
            mass: str = "nearest", alpha: float = 1.0, min_gain: float | None = None, reweight: bool = False, sampled_fraction: float = 0.5,
            zero_atol: float = 1e-6, redundant_below: float = 0.5, balance: bool = True,
            mass_balance: bool = True) -> PruneResult:

@@ -69,7 +69,7 @@ def group_counts(batch: GroupBatch, mask: torch.Tensor) -> dict[int, int]:
 # ----------------------------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(batch=batches(), variant=st.sampled_from(VARIANTS), keep_ratio=st.floats(0.05, 1.0),
        min_keep=st.integers(1, 4), seed=st.integers(0, 1000))
 def test_every_pruner_returns_consistent_decisions(batch, variant, keep_ratio, min_keep, seed):
@@ -90,7 +90,7 @@ def test_every_pruner_returns_consistent_decisions(batch, variant, keep_ratio, m
         assert torch.equal(getattr(result, field), getattr(again, field)), field
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(batch=batches(), variant=st.sampled_from(VARIANTS), keep_ratio=st.floats(0.05, 1.0),
        min_keep=st.integers(1, 4))
 def test_group_floors(batch, variant, keep_ratio, min_keep):
@@ -236,7 +236,7 @@ def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int,
     return keep
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(batch=batches(dim=10, continuous=True), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
        with_counts=st.booleans(), similarity=st.sampled_from(["cosine", "euclidean"]))
 def test_fastrl_coreset_matches_loop_reference(batch, keep_ratio, min_keep, with_counts, similarity):
@@ -248,7 +248,7 @@ def test_fastrl_coreset_matches_loop_reference(batch, keep_ratio, min_keep, with
     assert torch.equal(result.keep_mask, naive_coreset_selection(batch, keep_ratio, min_keep, similarity))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(batch=batches(), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
        similarity=st.sampled_from(["cosine", "euclidean", "identity"]), with_counts=st.booleans())
 def test_fastrl_coreset_weights_carry_each_signs_mass(batch, keep_ratio, min_keep, similarity, with_counts):

@@ -21,11 +21,14 @@ from torch import Tensor
 def euclidean_similarity(vectors: Tensor) -> Tensor:
     """sim(i, j) = ||v_i|| − ||v_i − v_j|| within each group  (G, M, D) -> (G, M, M); sim(i, i) = ||v_i||.
 
-    How much of the CRAIG error bound of element i (||v_i|| when nothing stands for it) element j removes."""
-    vectors = vectors.double()
-    distance = torch.cdist(vectors, vectors)  # (G, M, M)
-    norms = vectors.norm(dim=-1)  # (G, M)
-    return (norms[:, :, None] - distance).float()
+    How much of the CRAIG error bound of element i (||v_i|| when nothing stands for it) element j removes.
+    Distances from the Gram matrix (one bmm; torch.cdist is ~10x slower here), clamped at 0 against rounding."""
+    vectors = vectors.float()
+    gram = torch.bmm(vectors, vectors.transpose(1, 2))  # (G, M, M)
+    squared = gram.diagonal(dim1=1, dim2=2)  # (G, M)
+    distance = (squared[:, :, None] + squared[:, None, :] - 2 * gram).clamp(min=0.0).sqrt()
+    distance.diagonal(dim1=1, dim2=2).fill_(0.0)
+    return squared.sqrt()[:, :, None] - distance
 
 
 def greedy_facility_location(similarity: Tensor, element_weight: Tensor, candidates: Tensor, positive: Tensor,

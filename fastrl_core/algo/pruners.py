@@ -16,12 +16,18 @@ Keep count (cppo, pods, fastrl): a group of n candidates keeps m = min(n, max(mi
 | cppo            | top-m by |A| per group (CPPO)                      | |A|                     | min(min_keep, n)  |
 | pods            | size-m subset of max reward variance (PODS)        | |r − group mean reward| | min(min_keep, n)  |
 | fastrl_official | equal-advantage buckets + token Jaccard (NOTES §1) | 1 − Jaccard to its rep  | 1                 |
-| fastrl          | drop A = 0; sign-balanced greedy k-DPP on sketches | exp(marginal log-det)   | min(min_keep, n') |
+| fastrl          | drop A = 0; per-sign facility-location coreset on  | gain / its sign's mass  | min(min_keep, n') |
+|                 | sketches (CRAIG); selection=dpp: greedy k-DPP      | dpp: exp(log-det gain)  |                   |
 
 n' = the group's nonzero-advantage rollouts; fastrl_official ignores keep_ratio and min_keep, as the authors' code
 has no budget. So a group is emptied only by dapo_filter (all rewards equal) and by fastrl (all advantages zero);
 pods and cppo may keep zero-advantage rollouts to reach m. Weights are 1 for kept rollouts except with fastrl
-(sign-mass weights averaging 1 per group by default, Horvitz–Thompson weights with reweight=True), 0 for pruned.
+(coreset: the |A| mass each kept rollout stands for; dpp: sign-mass weights averaging 1 per group, or
+Horvitz–Thompson weights with reweight=True), 0 for pruned.
+
+Merged duplicates (`algo.duplicates.prune_distinct`): a batch may hold one row per distinct completion of a group
+with its multiplicity in `GroupBatch.counts`; fastrl counts a row's |A| mass m times, the other pruners see
+distinct completions (so their keep count is over distinct rows), and the copies are reported as DUPLICATE.
 """
 
 from __future__ import annotations
@@ -361,13 +367,25 @@ def greedy_dpp(kernel: Tensor, log_quality: Tensor, candidates: Tensor, positive
 @PRUNERS.register("fastrl")
 def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
            generator: torch.Generator | None, selection: str = "coreset", similarity: str = "euclidean",
-           mass: str = "nearest", alpha: float = 1.0, min_gain: float | None = None, reweight: bool = False, sampled_fraction: float = 0.5,
-           zero_atol: float = 1e-6, redundant_below: float = 0.5, balance: bool = True,
-           mass_balance: bool = True) -> PruneResult:
-    """FastRL pruning: drop what carries no gradient, then keep a sign-balanced, quality-diverse set.
+           mass: str = "nearest", alpha: float = 1.0, min_gain: float | None = None, reweight: bool = False,
+           sampled_fraction: float = 0.5, zero_atol: float = 1e-6, redundant_below: float = 0.5,
+           balance: bool = True, mass_balance: bool = True) -> PruneResult:
+    """FastRL pruning: drop what carries no gradient, then keep, per sign, the rollouts that best stand for the
+    others, weighted by the |A| mass they stand for (`selection='coreset'`, default); or the older sign-balanced
+    quality-diverse DPP (`selection='dpp'`, steps 2-6 below).
 
     Per group (all groups at once, padded):
     1. Rollouts with |A| <= zero_atol are pruned (ZERO_ADVANTAGE): A_i ∇log π(y_i) = 0, so this is free.
+    C. selection='coreset': the same count m and sign caps as in steps 2-3, chosen by sign-capped greedy facility
+       location (`algo.coreset`, CRAIG): a rollout is represented only by kept rollouts of its own sign, element
+       weights ω_i = m_i|A_i| (m_i = `GroupBatch.counts`), similarity by `similarity` ("euclidean", default:
+       ||φ_i|| − ||φ_i − φ_j|| on the advantage-free sketches, so ω_i·(that) is how much of rollout i's share of
+       the CRAIG error bound j removes; "cosine": the sketch cosine; "euclidean_scaled": on |A|-scaled sketches
+       with ω_i = m_i; "identity": no rollout stands for another, i.e. sign-balanced top m|A|). A rollout stands
+       for those of its sign whose best similarity to the kept set is > 0 and is largest to it (others are left
+       unrepresented: CRAIG's empty facility is closer); its loss weight per copy is the mass it stands for over
+       its own, γ_j / (m_j|A_j|) (`mass='own'`: 1), all scaled by K / N so the kept loss, which the trainer divides
+       by its own count K, estimates the whole batch's. Details and scores: `_fastrl_coreset`.
     2. m = min(n', max(min_keep, ceil(keep_ratio·n'))) of the n' nonzero-advantage rollouts are chosen by greedy
        MAP inference of a DPP (`greedy_dpp`) with L = diag(q) K diag(q): K the cosine kernel of the advantage-free
        sketches, q = (|A| / max_group |A|)^alpha. log det L_S = Σ_S log q² + log det K_S rewards large |A| and
@@ -406,14 +424,11 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     K = I: sign-balanced top-|A|. Kept: m = max(keep count, number of signs present) without min_gain; at least
     min(min_keep, n') with it; 0 only when all advantages are zero.
 
-    What was tried (`benchmarks/bench_prune.py`: synthetic mode mixture with perfect sketches, keep_ratio 0.5, 512
-    groups × 16, 3 seeds; mean cosine of the kept update to the full group's update): with weights 1 — random
-    sign-balanced 0.69, top-|A| sign-balanced 0.77, this DPP 0.77 (0.68 without sign balance), cppo 0.66, pods
-    0.78; with sign-mass weights — random 0.82, top-|A| 0.89, DPP alpha 0 (diversity only) 0.84, alpha 0.5 / 1 / 2
-    0.90, alpha 1 without sign balance 0.90; HT reweighting 0.79 (unbiased but noisy); min_gain −3 keeps 29%
-    instead of 50% at 0.75. So restoring the zero sum matters most, |A| next, and sketch diversity adds ~0.01 on
-    top here; alpha = 1 (L = the Gram matrix of |A|-scaled unit sketches) was kept as the principled choice among
-    equals. Real sketches may reward diversity more or less: the bench is a stand-in, not evidence about a model.
+    What was tried. (a) `benchmarks/bench_prune.py`, a synthetic mode mixture with perfect sketches (keep 0.5, 512
+    groups × 16, 3 seeds, mean cosine of the kept update to the full group's): with weights 1, random sign-balanced
+    0.69, top-|A| sign-balanced 0.77, the DPP 0.77 (0.68 without sign balance), cppo 0.66, pods 0.78; with
+    sign-mass weights, random 0.82, top-|A| 0.89, DPP alpha 0 / 0.5 / 1 / 2: 0.84 / 0.90 / 0.90 / 0.90; HT
+    reweighting 0.79 (unbiased but noisy). (b) Real rollouts, full-model gradients: REAL_FIGURES
     """
     if selection not in SELECTIONS:
         raise ValueError(f"fastrl: selection must be one of {SELECTIONS}, got {selection!r}")
@@ -497,7 +512,7 @@ def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, count
         element_weight = counts * magnitude
     else:
         sketches = batch.sketches if batch.sketches is not None else torch.eye(groups.index.shape[1])[groups.slot]
-        padded = groups.pad(sketches.float(), 0.0)  # (G, M, D)
+        padded = sketches.float()[groups.index]  # (G, M, D); padding slots repeat a row and are never candidates
         if similarity == "euclidean_scaled":
             scale = magnitude / magnitude.amax(1, keepdim=True).clamp(min=1e-30)
             padded, element_weight = padded * scale[:, :, None], counts

@@ -195,7 +195,8 @@ def test_fastrl_batched_greedy_matches_loop_reference(batch, keep_ratio, min_kee
     assert torch.equal(result.keep_mask, naive_fastrl_selection(batch, keep_ratio, min_keep))
 
 
-def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int, similarity: str) -> torch.Tensor:
+def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int, similarity: str,
+                            caps: bool) -> torch.Tensor:
     """Loop reference for the sign-capped greedy facility location: per group, add the candidate j maximising
     F(S + j) = Σ_i m_i|A_i| max(0, max_{k ∈ S + j, same sign} sim(i, k)), sim = cos(φ_i, φ_k) or
     ||φ_i|| − ||φ_i − φ_k||."""
@@ -218,7 +219,8 @@ def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int,
         n_pos, n_neg = int((a > 0).sum()), int((a < 0).sum())
         m = min(len(members), max(min_keep, math.ceil(keep_ratio * len(members) - 1e-9)))
         m = max(m, (n_pos > 0) + (n_neg > 0))
-        caps = {True: min(n_pos, m - min(n_neg, m // 2)), False: min(n_neg, m - min(n_pos, m // 2))}
+        limit = {True: min(n_pos, m - min(n_neg, m // 2)), False: min(n_neg, m - min(n_pos, m // 2))} if caps \
+            else {True: n_pos, False: n_neg}
 
         def value(subset):
             total = 0.0
@@ -230,7 +232,7 @@ def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int,
         chosen: list[int] = []
         while len(chosen) < m:
             options = [j for j in range(len(members)) if j not in chosen
-                       and sum(bool(a[c] > 0) == bool(a[j] > 0) for c in chosen) < caps[bool(a[j] > 0)]]
+                       and sum(bool(a[c] > 0) == bool(a[j] > 0) for c in chosen) < limit[bool(a[j] > 0)]]
             chosen.append(max(options, key=lambda j: value(chosen + [j])))
         keep[[members[c] for c in chosen]] = True
     return keep
@@ -238,14 +240,14 @@ def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int,
 
 @settings(max_examples=25, deadline=None)
 @given(batch=batches(dim=10, continuous=True), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
-       with_counts=st.booleans(), similarity=st.sampled_from(["cosine", "euclidean"]))
-def test_fastrl_coreset_matches_loop_reference(batch, keep_ratio, min_keep, with_counts, similarity):
-    """Generic sketches and distinct advantages (no ties); optionally random multiplicities."""
+       with_counts=st.booleans(), similarity=st.sampled_from(["cosine", "euclidean"]), caps=st.booleans())
+def test_fastrl_coreset_matches_loop_reference(batch, keep_ratio, min_keep, with_counts, similarity, caps):
+    """Generic sketches and distinct advantages (no ties); optionally random multiplicities and sign caps."""
     if with_counts:
         counts = 1.0 + torch.arange(batch.group_ids.numel()).remainder(3).float()
         batch = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, batch.sketches, counts=counts)
-    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, similarity=similarity)
-    assert torch.equal(result.keep_mask, naive_coreset_selection(batch, keep_ratio, min_keep, similarity))
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, similarity=similarity, balance=caps)
+    assert torch.equal(result.keep_mask, naive_coreset_selection(batch, keep_ratio, min_keep, similarity, caps))
 
 
 @settings(max_examples=30, deadline=None)
@@ -282,7 +284,7 @@ def test_fastrl_coreset_weights_carry_each_signs_mass(batch, keep_ratio, min_kee
 
 def test_fastrl_coreset_hand_computed():
     """Positives r0, r1, r2 identical (sketch e1, A = 1), r3 (e2, A = 1); negatives r4, r5 identical (e3, A = −2).
-    m = 3 of 6, caps 2 / 2. Gains: r4 covers r4, r5: 4; r0 covers r0-r2: 3; r3: 1. Picks r4 (or its copy r5), one
+    m = 3 of 6 (no sign caps; with them 2 / 2, the same here). Gains: r4 covers r4, r5: 4; r0 covers r0-r2: 3; r3: 1. Picks r4 (or its copy r5), one
     of r0-r2, then r3 (gain 1 > 0 for the other negative). Represented mass γ: 3, 1, 4 -> weights γ / (m|A|) =
     3, 1, 2, times K / N = 3 / 6. Scores: gain / the sign's mass 4: 3/4 and 1/4 for the positives, 4/4 for the
     negative; the unpicked copies are covered (gain 0, REDUNDANT)."""

@@ -369,7 +369,7 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
            generator: torch.Generator | None, selection: str = "coreset", similarity: str = "euclidean",
            mass: str = "nearest", alpha: float = 1.0, min_gain: float | None = None, reweight: bool = False,
            sampled_fraction: float = 0.5, zero_atol: float = 1e-6, redundant_below: float = 0.5,
-           balance: bool = True, mass_balance: bool = True) -> PruneResult:
+           balance: bool | None = None, mass_balance: bool = True) -> PruneResult:
     """FastRL pruning: drop what carries no gradient, then keep, per sign, the rollouts that best stand for the
     others, weighted by the |A| mass they stand for (`selection='coreset'`, default); or the older sign-balanced
     quality-diverse DPP (`selection='dpp'`, steps 2-6 below).
@@ -385,7 +385,10 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
        for those of its sign whose best similarity to the kept set is > 0 and is largest to it (others are left
        unrepresented: CRAIG's empty facility is closer); its loss weight per copy is the mass it stands for over
        its own, γ_j / (m_j|A_j|) (`mass='own'`: 1), all scaled by K / N so the kept loss, which the trainer divides
-       by its own count K, estimates the whole batch's. Details and scores: `_fastrl_coreset`.
+       by its own count K, estimates the whole batch's. m is raised to the number of signs present as in step 3,
+       but sign caps are off by default (`balance=None`: off for the coreset, on for the DPP): each sign's mass
+       already enters the gains, and capping measured worse (What was tried). Details and scores:
+       `_fastrl_coreset`.
     2. m = min(n', max(min_keep, ceil(keep_ratio·n'))) of the n' nonzero-advantage rollouts are chosen by greedy
        MAP inference of a DPP (`greedy_dpp`) with L = diag(q) K diag(q): K the cosine kernel of the advantage-free
        sketches, q = (|A| / max_group |A|)^alpha. log det L_S = Σ_S log q² + log det K_S rewards large |A| and
@@ -441,6 +444,8 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
                          f"zero_atol={zero_atol}, sampled_fraction={sampled_fraction}")
     if selection == "coreset" and (reweight or min_gain is not None):
         raise ValueError("fastrl: reweight and min_gain belong to selection='dpp'")
+    if balance is None:  # sign caps: on for the DPP (blind to signs), off for the coreset (see step C)
+        balance = selection == "dpp"
     advantages = groups.pad(batch.advantages.float(), 0.0)  # (G, M)
     counts = groups.pad(batch.counts.float(), 0.0) if batch.counts is not None else groups.valid.float()
     candidates = groups.valid & (advantages.abs() > zero_atol)
@@ -448,7 +453,7 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     n_pos, n_neg = positive.sum(1), (candidates & ~positive).sum(1)
     n_nonzero = n_pos + n_neg
     picks = keep_counts(n_nonzero, keep_ratio, min_keep)
-    if balance or reweight:  # at least one pick per sign present
+    if balance or reweight or selection == "coreset":  # at least one pick per sign present
         picks = torch.maximum(picks, (n_pos > 0).long() + (n_neg > 0).long())
     half = picks // 2 if balance else torch.zeros_like(picks)
     cap_pos = torch.minimum(n_pos, picks - torch.minimum(n_neg, half))

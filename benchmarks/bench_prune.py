@@ -95,7 +95,8 @@ def fidelity_table(groups: int = 512, size: int = 16, seeds: int = 3) -> list[tu
     variants = {
         "none": ("none", {}), "dapo_filter": ("dapo_filter", {}), "cppo": ("cppo", {}), "pods": ("pods", {}),
         "fastrl_official": ("fastrl_official", {}),
-        "random, sign-balanced (K=I, a=0)": ("fastrl", {"selection": "dpp", "alpha": 0.0, "mass_balance": False, "_no_sketch": True}),
+        "random, sign-balanced (K=I, a=0)": ("fastrl", {"selection": "dpp", "alpha": 0.0, "mass_balance": False,
+                                                        "_no_sketch": True}),
         "top-|A|, sign-balanced (K=I)": ("fastrl", {"selection": "dpp", "mass_balance": False, "_no_sketch": True}),
         "fastrl a=1, weights 1": ("fastrl", {"selection": "dpp", "mass_balance": False}),
         "fastrl a=1, weights 1, no balance": ("fastrl", {"selection": "dpp", "mass_balance": False, "balance": False}),

@@ -73,7 +73,8 @@ def test_prune_distinct_prunes_representatives_and_marks_copies():
     expected = torch.tensor([4 / 3, 4 / 3, 4 / 3, 0.0, 1.0, 1.0]) * 5 / 6
     torch.testing.assert_close(result.weights, expected)
     # the weighted kept advantage mass equals the group's (zero sum kept), scaled by K / N
-    kept_mass = float((result.weights * batch.advantages)[result.keep_mask | (result.reasons == Reason.DUPLICATE)].sum())
+    in_update = result.keep_mask | (result.reasons == Reason.DUPLICATE)
+    kept_mass = float((result.weights * batch.advantages)[in_update].sum())
     assert abs(kept_mass) < 1e-6
     # without duplicates the same call is plain prune
     assert torch.equal(prune_distinct("cppo", batch, None).keep_mask, prune("cppo", batch).keep_mask)

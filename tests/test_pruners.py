@@ -284,9 +284,9 @@ def test_fastrl_coreset_weights_carry_each_signs_mass(batch, keep_ratio, min_kee
 
 def test_fastrl_coreset_hand_computed():
     """Positives r0, r1, r2 identical (sketch e1, A = 1), r3 (e2, A = 1); negatives r4, r5 identical (e3, A = −2).
-    m = 3 of 6 (no sign caps; with them 2 / 2, the same here). Gains: r4 covers r4, r5: 4; r0 covers r0-r2: 3; r3: 1. Picks r4 (or its copy r5), one
-    of r0-r2, then r3 (gain 1 > 0 for the other negative). Represented mass γ: 3, 1, 4 -> weights γ / (m|A|) =
-    3, 1, 2, times K / N = 3 / 6. Scores: gain / the sign's mass 4: 3/4 and 1/4 for the positives, 4/4 for the
+    m = 3 of 6 (no sign caps; with them 2 / 2, the same here). Gains: r4 covers r4, r5: 4; r0 covers r0-r2: 3;
+    r3: 1. Picks r4 (or its copy r5), one of r0-r2, then r3 (gain 1 > 0 for the other negative). Represented
+    mass γ: 3, 1, 4 -> weights γ / (m|A|) = 3, 1, 2, times K / N = 3 / 6. Scores: gain / the sign's mass 4: 3/4 and 1/4 for the positives, 4/4 for the
     negative; the unpicked copies are covered (gain 0, REDUNDANT)."""
     sketches = [[1, 0, 0], [1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1]]
     batch = batch_of([0] * 6, [0] * 6, advantages=[1.0, 1.0, 1.0, 1.0, -2.0, -2.0], sketches=sketches)

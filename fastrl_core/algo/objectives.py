@@ -230,7 +230,8 @@ def grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout
     KL-as-loss beta·k3, mean over each sequence's tokens then over the batch."""
     return _clipped_policy_loss(
         _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
+        max_length=max_length)
 
 
 @POLICY_LOSSES.register("dapo")
@@ -241,7 +242,8 @@ def dapo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout
     Its overlong shaping is `overlong_reward_penalty` (a reward term); dynamic sampling is a pruner."""
     return _clipped_policy_loss(
         _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
+        max_length=max_length)
 
 
 @POLICY_LOSSES.register("dr_grpo")
@@ -253,7 +255,8 @@ def dr_grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, roll
     which is only constant if batches are padded to a fixed length. Pair with `mean_only` advantages."""
     return _clipped_policy_loss(
         _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
+        max_length=max_length)
 
 
 @POLICY_LOSSES.register("gspo")

@@ -431,7 +431,37 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     groups × 16, 3 seeds, mean cosine of the kept update to the full group's): with weights 1, random sign-balanced
     0.69, top-|A| sign-balanced 0.77, the DPP 0.77 (0.68 without sign balance), cppo 0.66, pods 0.78; with
     sign-mass weights, random 0.82, top-|A| 0.89, DPP alpha 0 / 0.5 / 1 / 2: 0.84 / 0.90 / 0.90 / 0.90; HT
-    reweighting 0.79 (unbiased but noisy). (b) Real rollouts, full-model gradients: REAL_FIGURES
+    reweighting 0.79 (unbiased but noisy); coreset (euclidean / cosine) 0.97 / 0.97.
+    (b) Real rollouts, full-model gradients (`benchmarks/bench_prune_quality.py --train-steps 40`; 16 prompts × 8
+    of the synthetic task, the shipped warm start and the policy after 40 GRPO steps; cosine of the kept weighted
+    update Σ_kept m w g / Σ_kept m to the full batch's; CPPO and PODS run per group at exactly fastrl's counts).
+    Rules were compared on choose seeds 0-5; the figures below are the disjoint report seeds 100-105, as
+    "warm / trained" means, with the kept share of the sampled rollouts:
+      without merging, keep 0.5 (46 / 39 % kept): this coreset 1.000 / 1.000 (relative error 0.01 / 0.005), CPPO
+        0.968 / 0.979, PODS 0.962 / 0.926, random 0.865 / 0.766, the DPP 0.937 / 0.932; the coreset beats CPPO
+        and PODS in 6 of 6 batches for both policies (it keeps one copy of each frequent completion and gives
+        it the copies' mass: exact when the picks cover every distinct completion);
+      without merging, keep 0.25 (23 / 20 %): coreset 0.963 / 0.952, CPPO 0.871 / 0.901, PODS 0.855 / 0.717,
+        DPP 0.851 / 0.713; beats CPPO and PODS 6 of 6 for both;
+      merged (rows = distinct completions; 39 / 32 % of the sampled), keep 0.5 (24 / 20 % kept): coreset
+        0.966 / 0.952, CPPO 0.977 / 0.938, PODS 0.935 / 0.783; beats CPPO in only 1 / 3 of 6, PODS 5 / 6 of 6;
+        keep 0.25 (23 / 20 %): 0.963 / 0.952 vs CPPO 0.953 / 0.937: 2 / 3 of 6 against CPPO. With a row per
+        distinct completion and ~3 of them per group, min_keep leaves little to choose, and CPPO's top-|A| on
+        distinct rows is then as good: merging makes CPPO much better (0.871 -> 0.953 at ~23 %), not the
+        coreset. The coreset's relative error stays 2-3x below CPPO's everywhere (e.g. 0.26 vs 0.74 merged).
+      The authors' rule (`fastrl_official`, 29 / 25 % kept): 0.872 / 0.740 unmerged (CPPO at its counts 0.907 /
+        0.911), 0.922 / 0.806 merged (CPPO 0.982 / 0.974); the coreset at its own (lower) counts is above it in
+        5-6 of 6 unmerged, 3 / 5 of 6 merged.
+    Variants measured and not kept (report seeds, warm / trained, without merging, keep 0.5 | 0.25): with sign
+    caps 0.996 / 0.979 | 0.950 / 0.901 (on choose seeds, trained, keep 0.25: 4 of 6 vs CPPO, uncapped 6 of 6:
+    why caps are off); euclidean_scaled (CRAIG on |A|-scaled sketches, ω = m) with caps equal to euclidean with
+    caps; mass='own' (weights 1, no transfer) 0.972 / 0.960 | 0.860 / 0.867; cosine similarity 0.989 / 0.943 |
+    0.793 / 0.667, and merged far worse (0.776 / 0.701 at keep 0.5): distinct completions' exact last-layer
+    cosines are mostly negative (tests/test_sketches.py), and a first version that also gave a rollout the mass
+    of rollouts at similarity <= 0 lost to random when merged (0.907 vs 0.933, choose seeds); sign-capped top
+    m|A| (similarity 'identity') 0.960 / 0.929 | 0.879 / 0.727. So what makes the update faithful here is that
+    each kept rollout carries the mass of the rollouts it nearly equals, measured with sketch NORMS (euclidean),
+    not directions alone; diversity for its own sake (the DPP) does not help.
     """
     if selection not in SELECTIONS:
         raise ValueError(f"fastrl: selection must be one of {SELECTIONS}, got {selection!r}")

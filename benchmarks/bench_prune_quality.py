@@ -18,7 +18,8 @@ Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'
 nonzero-advantage rows of group g; CPPO, PODS and random are then run per group with exactly k_g (their own rules,
 `keep_ratio` tiny and `min_keep = k_g`), and the script checks every count. `fastrl_official` keeps what its rule
 keeps; CPPO is run again at its per-group counts. With merging, rows are distinct completions (the cost that
-passes through the log-prob passes and the update).
+passes through the log-prob passes and the update): fastrl weighs a row's |A| by its multiplicity, CPPO / PODS /
+random / the official rule see distinct rows only, and every kept row enters ĝ with its multiplicity.
 
 The selection rules are compared on `--choose-seeds`; the default was chosen there, and `--report-seeds` (disjoint)
 give the figures quoted in pruners.py. A quality figure, not a timing: threads 1, a few minutes on 2 cores.

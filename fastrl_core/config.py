@@ -86,6 +86,8 @@ class TrainConfig:
                                "engine only: vLLM returns top-K log-probs)", bounds=">= 0")
     pruner: str = option("fastrl", "rollout pruner: none, dapo_filter, cppo, pods, fastrl_official, fastrl")
     pruner_args: dict = option({}, "keyword arguments of the pruner")
+    merge_duplicates: bool = option(True, "prune and update identical completions of a prompt as one rollout counted "
+                                    "m times (exact; the copies skip the log-prob passes and are stored as DUPLICATE)")
     keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps", bounds="(0, 1]")
     min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts", bounds=">= 1")
     budget: str = option("adaptive", "rollout budget controller: fixed, rollout_sa, adaptive")

@@ -41,8 +41,9 @@ from tqdm.auto import tqdm
 
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
+from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
 from fastrl_core.algo.objectives import policy_loss
-from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason, prune
+from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
 from fastrl_core.algo.sketches import make_projection, token_sketch
 from fastrl_core.checks import check_config, check_environment
 from fastrl_core.config import TrainConfig
@@ -232,12 +233,16 @@ class Trainer:
             if config.pruner in TOKEN_PRUNERS:
                 token_ids = tuple(ids[mask] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask))
 
-        # 6. prune
+        # 6. prune (merge_duplicates: identical completions of a prompt are pruned, scored and updated as one row
+        #    counted m times; the copies skip every pass and are recorded as DUPLICATE)
         with timer.phase("prune"):
-            decision = prune(config.pruner, GroupBatch(group_ids, rewards, advantages, sketches, token_ids),
-                             keep_ratio=config.keep_ratio, min_keep=config.min_keep,
-                             generator=torch.Generator().manual_seed(seed + 1), **config.pruner_args)
+            duplicates = (find_duplicates(group_ids, rollouts.completion_ids, rollouts.completion_mask)
+                          if config.merge_duplicates else None)
+            decision = prune_distinct(config.pruner, GroupBatch(group_ids, rewards, advantages, sketches, token_ids),
+                                      duplicates, keep_ratio=config.keep_ratio, min_keep=config.min_keep,
+                                      generator=torch.Generator().manual_seed(seed + 1), **config.pruner_args)
             kept = decision.keep_mask.nonzero().squeeze(1)
+            kept_multiplicity = None if duplicates is None else duplicates.multiplicity[kept].float()  # (K,) or None
 
         # 7. logprob: old / reference passes on kept rollouts only
         with timer.phase("logprob"), torch.no_grad():
@@ -260,7 +265,9 @@ class Trainer:
                 out = policy_loss(config.objective, logprobs, old_logprobs.to(on), advantages[kept].to(on),
                                   rollouts.completion_mask[kept].to(on),
                                   ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(on),
-                                  rollout_weights=decision.weights[kept].to(on), **self.loss_args)
+                                  rollout_weights=decision.weights[kept].to(on),
+                                  rollout_counts=None if kept_multiplicity is None else kept_multiplicity.to(on),
+                                  **self.loss_args)
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)

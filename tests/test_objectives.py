@@ -370,3 +370,90 @@ def test_bad_values_and_shapes_raise_clear_errors():
         policy_loss("dapo", logprobs, old, advantages, mask, epsilon=1.5)
     with pytest.raises(ValueError, match="max_length"):
         policy_loss("dr_grpo", logprobs, old, advantages, mask, max_length=0)
+
+
+# --- Multiplicities: merging identical rollouts is lossless ---------------------------------------------------
+
+
+def _tiny_policy_batch(seed):
+    """A real (if small) differentiable policy: logits = (E[y_<t-context] + P[group]) W, log-probs of the sampled
+    tokens, so identical (group, tokens) rows have identical log-probs as functions of the shared parameters.
+    10 rollouts in 3 groups, with copies; old / ref log-probs from perturbed parameters; rewards are a function of
+    the sequence, advantages GRPO's (no group all equal)."""
+    from fastrl_core.algo.advantages import compute_advantages
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab, width, T = 6, 4, 5
+    params = {"E": torch.randn(vocab, width, generator=gen, dtype=F64), "P": torch.randn(3, width, generator=gen,
+              dtype=F64), "W": torch.randn(width, vocab, generator=gen, dtype=F64)}
+    params = {k: v.requires_grad_() for k, v in params.items()}
+    distinct = torch.randint(0, vocab, (6, T), generator=gen)
+    lengths = torch.tensor([5, 3, 5, 2, 4, 5])
+    rows = torch.tensor([0, 0, 1, 0, 2, 3, 3, 4, 5, 4])  # copies: 0 x3, 3 x2, 4 x2
+    group_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
+    tokens = distinct[rows]
+    mask = torch.arange(T)[None, :] < lengths[rows][:, None]
+    tokens = torch.where(mask, tokens, torch.randint(0, vocab, tokens.shape, generator=gen))  # padding garbage
+
+    def logprobs_of(p, index):
+        previous = torch.cat([torch.zeros(len(index), 1, dtype=torch.long), tokens[index][:, :-1]], 1)
+        hidden = p["E"][previous] + p["P"][group_ids[index]][:, None, :]  # (n, T, width)
+        return (hidden @ p["W"]).log_softmax(-1).gather(-1, tokens[index][..., None]).squeeze(-1)
+
+    with torch.no_grad():
+        old_p = {k: v + 0.3 * torch.randn(v.shape, generator=gen, dtype=F64) for k, v in params.items()}
+        ref_p = {k: v + 0.3 * torch.randn(v.shape, generator=gen, dtype=F64) for k, v in params.items()}
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.5, 0.0, 1.0], dtype=F64)[rows]
+    advantages = compute_advantages("group_normalized", rewards, group_ids).to(F64)
+    weights = torch.tensor([0.5, 1.5, 2.0, 0.7, 1.0, 0.3, 0.9, 1.2, 0.8, 1.1], dtype=F64)[rows]  # same per class
+    return params, logprobs_of, old_p, ref_p, tokens, mask, group_ids, advantages, weights
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+@pytest.mark.parametrize("aggregation", [None, *MODES])
+@pytest.mark.parametrize("name", LOSSES)
+def test_merged_duplicates_give_the_same_loss_gradient_and_metrics(name, aggregation, beta):
+    """Loss, autograd gradient w.r.t. the shared parameters, and every metric of the batch with its copies equal
+    those of one representative per class with rollout_counts = multiplicity (pruner weights on, too)."""
+    from fastrl_core.algo.duplicates import find_duplicates
+
+    params, logprobs_of, old_p, ref_p, tokens, mask, group_ids, advantages, weights = _tiny_policy_batch(0)
+    found = find_duplicates(group_ids, tokens, mask)
+    assert found.counts.tolist() == [3, 1, 1, 2, 2, 1]
+    hp = dict(beta=beta, epsilon=0.2, epsilon_high=0.2)  # GSPO's 3e-4 / 4e-4 would clip every perturbed rollout
+    hp |= dict(max_length=7) if aggregation is None else dict(aggregation=aggregation)
+    results = []
+    for index, counts in ((torch.arange(10), None), (found.unique, found.counts)):
+        with torch.no_grad():
+            old, ref = logprobs_of(old_p, index), logprobs_of(ref_p, index)
+        for weighted in (False, True):
+            out = policy_loss(name, logprobs_of(params, index), old, advantages[index], mask[index],
+                              ref_logprobs=ref, rollout_weights=weights[index] if weighted else None,
+                              rollout_counts=counts, **hp)
+            grads = torch.autograd.grad(out.loss, list(params.values()))
+            results.append((out, grads))
+    for (full, full_grads), (merged, merged_grads) in ((results[0], results[2]), (results[1], results[3])):
+        torch.testing.assert_close(merged.loss, full.loss, rtol=1e-12, atol=1e-14)
+        for a, b in zip(merged_grads, full_grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+        for key, value in full.metrics.items():
+            assert merged.metrics[key] == pytest.approx(value, rel=1e-10, abs=1e-13), key
+    assert 0 < results[0][0].metrics["clip_fraction"] < 1  # the case exercises clipping
+
+
+def test_rollout_counts_by_hand_and_errors():
+    # grpo rows -1.05 and 6.2/3 counted 3 and 1: (3·-1.05 + 6.2/3) / 4. dapo: token sums -2.18·3 + 6.2 over 2·3 + 3.
+    batch = _hand_batch()
+    counts = torch.tensor([3.0, 1.0], dtype=F64)
+    assert policy_loss("grpo", *batch, rollout_counts=counts).loss.item() == pytest.approx((-3.15 + 6.2 / 3) / 4)
+    assert policy_loss("dapo", *batch, rollout_counts=counts).loss.item() == pytest.approx((-2.18 * 3 + 6.2) / 9)
+    assert policy_loss("dr_grpo", *batch, rollout_counts=counts, max_length=4).loss.item() == pytest.approx(
+        (-2.1 * 3 + 6.2) / 16)
+    # clip fraction over 2·3 + 3 = 9 token copies: row 0's clipped token 3 times, row 1's once
+    assert policy_loss("grpo", *batch, rollout_counts=counts).metrics["clip_fraction"] == pytest.approx(4 / 9)
+    ones = policy_loss("grpo", *batch, rollout_counts=torch.ones(2, dtype=F64)).loss
+    torch.testing.assert_close(ones, policy_loss("grpo", *batch).loss)
+    with pytest.raises(ValueError, match="rollout_counts must have shape"):
+        policy_loss("grpo", *batch, rollout_counts=torch.ones(3))
+    with pytest.raises(ValueError, match=r"rollout_counts must be finite and > 0; rows \[1\]"):
+        policy_loss("grpo", *batch, rollout_counts=torch.tensor([1.0, 0.0]))

@@ -12,6 +12,9 @@ from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.pruners import PRUNERS, GroupBatch, Reason, keep_counts, prune
 
 NAMES = ["none", "dapo_filter", "cppo", "pods", "fastrl_official", "fastrl"]
+# every pruner with its default options, plus fastrl's other selection rule and similarities
+VARIANTS = [(name, {}) for name in NAMES] + [("fastrl", {"selection": "dpp"}), ("fastrl", {"similarity": "euclidean"}),
+                                             ("fastrl", {"similarity": "euclidean_scaled"})]
 
 
 def batch_of(group_ids, rewards, advantages=None, sketches=None, token_ids=None) -> GroupBatch:
@@ -67,10 +70,12 @@ def group_counts(batch: GroupBatch, mask: torch.Tensor) -> dict[int, int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(batch=batches(), name=st.sampled_from(NAMES), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
-       seed=st.integers(0, 1000))
-def test_every_pruner_returns_consistent_decisions(batch, name, keep_ratio, min_keep, seed):
-    result = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(seed))
+@given(batch=batches(), variant=st.sampled_from(VARIANTS), keep_ratio=st.floats(0.05, 1.0),
+       min_keep=st.integers(1, 4), seed=st.integers(0, 1000))
+def test_every_pruner_returns_consistent_decisions(batch, variant, keep_ratio, min_keep, seed):
+    name, options = variant
+    result = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(seed),
+                   **options)
     n = batch.group_ids.numel()
     assert result.keep_mask.shape == result.scores.shape == result.reasons.shape == result.weights.shape == (n,)
     assert result.keep_mask.dtype == torch.bool and result.reasons.dtype == torch.long
@@ -79,16 +84,19 @@ def test_every_pruner_returns_consistent_decisions(batch, name, keep_ratio, min_
     assert (result.weights[result.keep_mask] > 0).all()
     assert ((result.reasons == Reason.KEPT) == result.keep_mask).all()
     assert set(result.reasons.tolist()) <= {int(r) for r in Reason}
-    again = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(seed))
+    again = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(seed),
+                  **options)
     for field in ("keep_mask", "scores", "reasons", "weights"):  # same seed -> same decisions
         assert torch.equal(getattr(result, field), getattr(again, field)), field
 
 
 @settings(max_examples=60, deadline=None)
-@given(batch=batches(), name=st.sampled_from(NAMES), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4))
-def test_group_floors(batch, name, keep_ratio, min_keep):
+@given(batch=batches(), variant=st.sampled_from(VARIANTS), keep_ratio=st.floats(0.05, 1.0),
+       min_keep=st.integers(1, 4))
+def test_group_floors(batch, variant, keep_ratio, min_keep):
     """The per-pruner floor of the module table: how far a group may be emptied."""
-    result = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    name, options = variant
+    result = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, **options)
     for g, kept in group_counts(batch, result.keep_mask).items():
         in_group = batch.group_ids == g
         size = int(in_group.sum())
@@ -115,7 +123,7 @@ def test_group_floors(batch, name, keep_ratio, min_keep):
        min_gain=st.sampled_from([None, -1.0, -5.0]))
 def test_fastrl_prunes_zero_advantage_and_balances_signs(batch, keep_ratio, min_keep, reweight, min_gain):
     result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, reweight=reweight, min_gain=min_gain,
-                   generator=torch.Generator().manual_seed(0))
+                   generator=torch.Generator().manual_seed(0), selection="dpp")
     zero = batch.advantages.abs() <= 1e-6
     assert not result.keep_mask[zero].any()
     assert (result.reasons[zero] == Reason.ZERO_ADVANTAGE).all()
@@ -138,7 +146,7 @@ def test_sign_mass_weights_restore_the_zero_sum(batch, keep_ratio, min_keep):
     """Group-normalised advantages sum to 0 per group; the kept, weighted ones must too, weights averaging 1."""
     advantages = compute_advantages("group_normalized", batch.rewards, batch.group_ids)
     batch = GroupBatch(batch.group_ids, batch.rewards, advantages, batch.sketches)
-    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, selection="dpp")
     for g in batch.group_ids.unique():
         kept = result.keep_mask & (batch.group_ids == g)
         if kept.any():
@@ -183,8 +191,136 @@ def naive_fastrl_selection(batch: GroupBatch, keep_ratio: float, min_keep: int) 
 @given(batch=batches(dim=10, continuous=True), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4))
 def test_fastrl_batched_greedy_matches_loop_reference(batch, keep_ratio, min_keep):
     """Generic sketches (D = 10 > group size, so K_S is never singular) and distinct advantages: no ties."""
-    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, selection="dpp")
     assert torch.equal(result.keep_mask, naive_fastrl_selection(batch, keep_ratio, min_keep))
+
+
+def naive_coreset_selection(batch: GroupBatch, keep_ratio: float, min_keep: int, similarity: str,
+                            caps: bool) -> torch.Tensor:
+    """Loop reference for the sign-capped greedy facility location: per group, add the candidate j maximising
+    F(S + j) = Σ_i m_i|A_i| max(0, max_{k ∈ S + j, same sign} sim(i, k)), sim = cos(φ_i, φ_k) or
+    ||φ_i|| − ||φ_i − φ_k||."""
+    keep = torch.zeros(batch.group_ids.numel(), dtype=torch.bool)
+    counts = torch.ones(batch.group_ids.numel()) if batch.counts is None else batch.counts
+    for g in batch.group_ids.unique():
+        members = [i for i in (batch.group_ids == g).nonzero().flatten().tolist()
+                   if abs(float(batch.advantages[i])) > 1e-6]
+        if not members:
+            continue
+        a = batch.advantages[members].double()
+        omega = counts[members].double() * a.abs()
+        phi = batch.sketches[members].double()
+        if similarity == "cosine":
+            units = torch.nn.functional.normalize(phi, dim=1)
+            sim = units @ units.T
+        else:
+            sim = torch.tensor([[float(phi[i].norm() - (phi[i] - phi[k]).norm()) for k in range(len(members))]
+                                for i in range(len(members))])
+        n_pos, n_neg = int((a > 0).sum()), int((a < 0).sum())
+        m = min(len(members), max(min_keep, math.ceil(keep_ratio * len(members) - 1e-9)))
+        m = max(m, (n_pos > 0) + (n_neg > 0))
+        limit = {True: min(n_pos, m - min(n_neg, m // 2)), False: min(n_neg, m - min(n_pos, m // 2))} if caps \
+            else {True: n_pos, False: n_neg}
+
+        def value(subset):
+            total = 0.0
+            for i in range(len(members)):
+                same = [k for k in subset if bool(a[k] > 0) == bool(a[i] > 0)]
+                total += float(omega[i]) * max([0.0] + [float(sim[i, k]) for k in same])
+            return total
+
+        chosen: list[int] = []
+        while len(chosen) < m:
+            options = [j for j in range(len(members)) if j not in chosen
+                       and sum(bool(a[c] > 0) == bool(a[j] > 0) for c in chosen) < limit[bool(a[j] > 0)]]
+            chosen.append(max(options, key=lambda j: value(chosen + [j])))
+        keep[[members[c] for c in chosen]] = True
+    return keep
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=batches(dim=10, continuous=True), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
+       with_counts=st.booleans(), similarity=st.sampled_from(["cosine", "euclidean"]), caps=st.booleans())
+def test_fastrl_coreset_matches_loop_reference(batch, keep_ratio, min_keep, with_counts, similarity, caps):
+    """Generic sketches and distinct advantages (no ties); optionally random multiplicities and sign caps."""
+    if with_counts:
+        counts = 1.0 + torch.arange(batch.group_ids.numel()).remainder(3).float()
+        batch = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, batch.sketches, counts=counts)
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, similarity=similarity, balance=caps)
+    assert torch.equal(result.keep_mask, naive_coreset_selection(batch, keep_ratio, min_keep, similarity, caps))
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=batches(), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
+       similarity=st.sampled_from(["cosine", "euclidean", "identity"]), with_counts=st.booleans())
+def test_fastrl_coreset_weights_carry_each_signs_mass(batch, keep_ratio, min_keep, similarity, with_counts):
+    """Per sign of a group, the weighted kept mass Σ_kept m_j w_j |A_j| lies between (K / N)·(the kept rows' own
+    mass) and (K / N)·(the sign's whole mass Σ_i m_i|A_i|): a kept row carries itself plus the rows it stands for
+    (those of its sign with similarity > 0 to it), K / N the kept share of the batch. With identical sketches in
+    a sign (every similarity > 0) the whole mass is carried, so a zero-sum group stays zero-sum."""
+    counts = (1.0 + torch.arange(batch.group_ids.numel()).remainder(3).float()) if with_counts else None
+    batch = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, batch.sketches, counts=counts)
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, similarity=similarity)
+    m = torch.ones(batch.group_ids.numel()) if counts is None else counts
+    share = float((m * result.keep_mask).sum() / m.sum())
+    mass = m * batch.advantages.abs()
+    nonzero = batch.advantages.abs() > 1e-6
+    for g in batch.group_ids.unique():
+        for sign in (batch.advantages > 0, batch.advantages < 0):
+            rows = (batch.group_ids == g) & sign & nonzero
+            kept = rows & result.keep_mask
+            carried = float((result.weights * mass)[kept].sum())
+            assert share * float(mass[kept].sum()) * (1 - 1e-5) - 1e-6 <= carried
+            assert carried <= share * float(mass[rows].sum()) * (1 + 1e-5) + 1e-6
+    same = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, torch.ones_like(batch.sketches), counts=counts)
+    seeing = "cosine" if similarity == "identity" else similarity  # identity: no rollout stands for another
+    result = prune("fastrl", same, keep_ratio=keep_ratio, min_keep=min_keep, similarity=seeing)
+    share = float((m * result.keep_mask).sum() / m.sum())
+    for g in batch.group_ids.unique():
+        rows = (batch.group_ids == g) & nonzero
+        kept = float((m * result.weights * batch.advantages)[rows & result.keep_mask].sum())
+        assert kept == pytest.approx(share * float((m * batch.advantages)[rows].sum()), rel=1e-4, abs=1e-5)
+
+
+def test_fastrl_coreset_hand_computed():
+    """Positives r0, r1, r2 identical (sketch e1, A = 1), r3 (e2, A = 1); negatives r4, r5 identical (e3, A = −2).
+    m = 3 of 6 (no sign caps; with them 2 / 2, the same here). Gains: r4 covers r4, r5: 4; r0 covers r0-r2: 3;
+    r3: 1. Picks r4 (or its copy r5), one of r0-r2, then r3 (gain 1 > 0 for the other negative). Represented
+    mass γ: 3, 1, 4 -> weights γ / (m|A|) = 3, 1, 2, times K / N = 3 / 6. Scores: gain / the sign's mass 4: 3/4 and 1/4 for the positives, 4/4 for the
+    negative; the unpicked copies are covered (gain 0, REDUNDANT)."""
+    sketches = [[1, 0, 0], [1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1]]
+    batch = batch_of([0] * 6, [0] * 6, advantages=[1.0, 1.0, 1.0, 1.0, -2.0, -2.0], sketches=sketches)
+    result = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, generator=torch.Generator().manual_seed(0),
+                   similarity="cosine")
+    keep = result.keep_mask
+    assert int(keep[:3].sum()) == 1 and keep[3] and int(keep[4:].sum()) == 1
+    assert result.weights[keep].tolist() == pytest.approx(
+        [1.5 if i < 3 else 0.5 if i == 3 else 1.0 for i in keep.nonzero().flatten().tolist()])
+    expected_scores = {0: 0.75, 3: 0.25, 4: 1.0}
+    for i in keep.nonzero().flatten().tolist():
+        assert float(result.scores[i]) == pytest.approx(expected_scores[min(i, 4) if i != 3 else 3])
+    assert (result.reasons[~keep] == Reason.REDUNDANT).all() and (result.scores[~keep] == 0).all()
+    # the same rollouts merged (multiplicities 3, 1, 2), all three kept, give the same update direction Σ m w A φ
+    merged = GroupBatch(torch.zeros(3, dtype=torch.long), torch.zeros(3), torch.tensor([1.0, 1.0, -2.0]),
+                        torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]), counts=torch.tensor([3.0, 1.0, 2.0]))
+    merged_result = prune("fastrl", merged, keep_ratio=1.0, min_keep=2, similarity="cosine")
+    update = (result.weights * batch.advantages)[:, None] * batch.sketches
+    merged_update = (merged.counts * merged_result.weights * merged.advantages)[:, None] * merged.sketches
+    # up to the K / N factor: 3 / 6 unmerged (3 rows kept of 6), 6 / 6 merged (3 rows standing for all 6)
+    torch.testing.assert_close(merged_update.sum(0), 2 * update.sum(0))
+
+
+def test_fastrl_option_errors():
+    good = batch_of([0, 0], [1.0, 0.0], sketches=[[1.0], [2.0]])
+    with pytest.raises(ValueError, match="selection must be one of"):
+        prune("fastrl", good, selection="greedy")
+    with pytest.raises(ValueError, match="similarity must be one of"):
+        prune("fastrl", good, similarity="dot")
+    with pytest.raises(ValueError, match="reweight and min_gain belong to selection='dpp'"):
+        prune("fastrl", good, reweight=True)
+    with pytest.raises(ValueError, match=r"GroupBatch.counts must be finite and >= 1; not at rows \[1\]"):
+        prune("fastrl", GroupBatch(good.group_ids, good.rewards, good.advantages, good.sketches,
+                                   counts=torch.tensor([1.0, 0.5])))
 
 
 @settings(max_examples=40, deadline=None)
@@ -315,7 +451,7 @@ def test_fastrl_picks_the_diverse_pair_over_the_near_duplicate_pair():
     sketches = [[1.0, 0.0, 0.0], [0.999, math.sqrt(1 - 0.999**2), 0.0], [0.0, 0.0, 1.0]]
     batch = batch_of([0, 0, 0], [0, 0, 0], advantages=[1.0, 0.95, 0.9], sketches=sketches)
     assert prune("cppo", batch, keep_ratio=0.5).keep_mask.tolist() == [True, True, False]
-    result = prune("fastrl", batch, keep_ratio=0.5)
+    result = prune("fastrl", batch, keep_ratio=0.5, selection="dpp")
     assert result.keep_mask.tolist() == [True, False, True]
     assert result.reasons[1] == Reason.REDUNDANT  # 1 − 0.999² of its direction is new: d² ≈ 0.002 < 0.5
     # scores: r0 gain 0 -> 1; r2 picked second: (0.9)² · 1; r1 afterwards: 0.95² · (1 − 0.999²)
@@ -324,14 +460,15 @@ def test_fastrl_picks_the_diverse_pair_over_the_near_duplicate_pair():
 
 def test_fastrl_without_sketches_is_sign_balanced_top_advantage():
     batch = batch_of([0] * 6, [0] * 6, advantages=[2.0, 1.5, 1.0, 0.5, -0.2, -0.1])
-    result = prune("fastrl", batch, keep_ratio=0.5, min_keep=2)  # m = 3: positives capped at 3 − 1 = 2
+    dpp = dict(selection="dpp")
+    result = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, **dpp)  # m = 3: positives capped at 3 − 1 = 2
     assert result.keep_mask.tolist() == [True, True, False, False, True, False]
     # sign-mass weights: positives 5.0 / 3.5, negative 0.3 / 0.2, then divided by their mean over the 3 kept
     raw = torch.tensor([5.0 / 3.5, 5.0 / 3.5, 0.3 / 0.2])
     assert result.weights[result.keep_mask].tolist() == pytest.approx((raw / raw.mean()).tolist())
-    plain = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, mass_balance=False)
+    plain = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, mass_balance=False, **dpp)
     assert plain.weights.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
-    unbalanced = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, balance=False)
+    unbalanced = prune("fastrl", batch, keep_ratio=0.5, min_keep=2, balance=False, **dpp)
     assert unbalanced.keep_mask.tolist() == [True, True, True, False, False, False]
 
 
@@ -340,8 +477,8 @@ def test_fastrl_adaptive_stop_keeps_the_minimum_when_the_rest_is_redundant():
     every other candidate has d² ≈ 0, a gain far below −3, so the group stops at 2 instead of m = 4."""
     sketches = [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
     batch = batch_of([0] * 4, [1, 1, 0, 0], advantages=[1.0, 1.0, -1.0, -1.0], sketches=sketches)
-    assert int(prune("fastrl", batch, keep_ratio=1.0).keep_mask.sum()) == 4
-    stopped = prune("fastrl", batch, keep_ratio=1.0, min_keep=2, min_gain=-3.0)
+    assert int(prune("fastrl", batch, keep_ratio=1.0, selection="dpp").keep_mask.sum()) == 4
+    stopped = prune("fastrl", batch, keep_ratio=1.0, min_keep=2, min_gain=-3.0, selection="dpp")
     assert stopped.keep_mask.tolist() in ([True, False, True, False], [True, False, False, True],
                                           [False, True, True, False], [False, True, False, True])
     assert (stopped.reasons[~stopped.keep_mask] == Reason.REDUNDANT).all()
@@ -357,7 +494,8 @@ def test_fastrl_reweighting_is_horvitz_thompson_unbiased():
     sketches = torch.randn(12, 5, generator=gen).repeat(replicas, 1)
     group_ids = torch.arange(replicas).repeat_interleave(12)
     batch = GroupBatch(group_ids, torch.zeros(12 * replicas), advantages.repeat(replicas), sketches)
-    result = prune("fastrl", batch, keep_ratio=0.5, reweight=True, generator=torch.Generator().manual_seed(1))
+    result = prune("fastrl", batch, keep_ratio=0.5, reweight=True, generator=torch.Generator().manual_seed(1),
+                   selection="dpp")
     contribution = (result.weights * result.keep_mask).reshape(replicas, 12)
     mean = contribution.mean(0)
     std_error = contribution.std(0) / math.sqrt(replicas)

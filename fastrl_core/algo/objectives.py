@@ -18,6 +18,12 @@ reduced by one of the `AGGREGATIONS`. What differs is the ratio and the defaults
 | gspo        | sequence s_i = exp(mean_t log π/π_old)  | 3e-4 / 4e-4            | seq_mean_token_mean      |
 | gspo_token  | sg[s_i]·π_t/sg[π_t] (value s_i)         | 3e-4 / 4e-4            | seq_mean_token_mean      |
 
+Two per-rollout factors, both (B,):
+- `rollout_weights` w_i multiply rollout i's values; normalisers are unchanged (pruners' loss weights).
+- `rollout_counts` m_i say row i stands for m_i identical rollouts (`algo.duplicates`): its values AND its share
+  of every normaliser count m_i times, so the loss, its gradient and the metrics equal those of the batch with row
+  i repeated m_i times (token-mean divides by Σ_i m_i·n_i, seq-mean by Σ_i m_i, Dr.GRPO by Σ_i m_i · max_length).
+
 Names follow TRL's GRPOTrainer (`epsilon`, `epsilon_high`, `beta`, `max_completion_length` -> `max_length`);
 aggregation names spell out what they compute instead of TRL's loss_type names (grpo / dapo / dr_grpo).
 """
@@ -39,7 +45,7 @@ class LossOutput:
     """A policy loss and its diagnostics.
 
     loss: scalar, differentiable w.r.t. `logprobs`.
-    metrics: floats, unweighted by `rollout_weights`:
+    metrics: floats, unweighted by `rollout_weights`, counted `rollout_counts` times per rollout:
       clip_fraction       share of ratio entries whose gradient the clip removes (r > 1+eps_high with A > 0, or
                           r < 1-eps with A < 0; TRL's clip_ratio/region_mean); over response tokens, or over
                           non-empty rollouts for the sequence-level `gspo`;
@@ -54,28 +60,38 @@ class LossOutput:
 
 # --- Aggregation: per-token losses (B, T) -> scalar ---------------------------------------------------
 
-Aggregation = Callable[[Tensor, Tensor, int], Tensor]
+Aggregation = Callable[[Tensor, Tensor, int, Tensor | None], Tensor]
 AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
 
 
 @AGGREGATIONS.register("seq_mean_token_mean")
-def _seq_mean_token_mean(masked: Tensor, mask: Tensor, max_length: int) -> Tensor:
-    """Mean over each rollout's response tokens, then over the B rollouts (GRPO, DeepSeekMath eq. 3).
+def _seq_mean_token_mean(masked: Tensor, mask: Tensor, max_length: int, counts: Tensor | None) -> Tensor:
+    """Mean over each rollout's response tokens, then over the B rollouts (GRPO, DeepSeekMath eq. 3); with counts
+    m the mean over rollouts is Σ_i m_i x_i / Σ_i m_i.
 
     A rollout with no response tokens contributes 0 and still counts in B (as in TRL)."""
-    return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    per_rollout = masked.sum(-1) / mask.sum(-1).clamp(min=1)
+    if counts is None:
+        return per_rollout.mean()
+    return (counts * per_rollout).sum() / counts.sum()
 
 
 @AGGREGATIONS.register("token_mean")
-def _token_mean(masked: Tensor, mask: Tensor, max_length: int) -> Tensor:
-    """Mean over all response tokens of the batch (DAPO, Yu et al. 2025, eq. 8; TRL "bnpo"/"dapo")."""
-    return masked.sum() / mask.sum().clamp(min=1)
+def _token_mean(masked: Tensor, mask: Tensor, max_length: int, counts: Tensor | None) -> Tensor:
+    """Mean over all response tokens of the batch (DAPO, Yu et al. 2025, eq. 8; TRL "bnpo"/"dapo"); with counts m
+    rollout i's n_i tokens count m_i times: Σ_i m_i Σ_t x_it / Σ_i m_i n_i."""
+    if counts is None:
+        return masked.sum() / mask.sum().clamp(min=1)
+    return (counts * masked.sum(-1)).sum() / (counts * mask.sum(-1)).sum().clamp(min=1)
 
 
 @AGGREGATIONS.register("seq_mean_token_sum_norm")
-def _seq_mean_token_sum_norm(masked: Tensor, mask: Tensor, max_length: int) -> Tensor:
-    """Sum over all response tokens / (B · max_length), a constant normaliser (Dr.GRPO, Liu et al. 2025, §3.1)."""
-    return masked.sum() / (masked.shape[0] * max_length)
+def _seq_mean_token_sum_norm(masked: Tensor, mask: Tensor, max_length: int, counts: Tensor | None) -> Tensor:
+    """Sum over all response tokens / (B · max_length), a constant normaliser (Dr.GRPO, Liu et al. 2025, §3.1);
+    with counts m: Σ_i m_i Σ_t x_it / (Σ_i m_i · max_length)."""
+    if counts is None:
+        return masked.sum() / (masked.shape[0] * max_length)
+    return (counts * masked.sum(-1)).sum() / (counts.sum() * max_length)
 
 
 def aggregate(
@@ -85,10 +101,13 @@ def aggregate(
     *,
     max_length: int | None = None,
     rollout_weights: Tensor | None = None,
+    rollout_counts: Tensor | None = None,
 ) -> Tensor:
     """Reduce per-token values (B, T) over response tokens (B, T) to a scalar by `mode` (see `AGGREGATIONS`).
 
     rollout_weights (B,) multiplies each rollout's values; normalisers are unchanged, so all-ones == None.
+    rollout_counts (B,) counts each rollout m_i times in values and normalisers: the result equals that of the
+    batch with row i repeated m_i times (all-ones == None up to rounding).
     max_length is used only by "seq_mean_token_sum_norm": None means T, the batch's padded response length.
     """
     reduce = AGGREGATIONS.get(mode)
@@ -100,7 +119,8 @@ def aggregate(
     masked = torch.where(mask, per_token, torch.zeros_like(per_token))  # (B, T)
     if rollout_weights is not None:
         masked = masked * rollout_weights.to(masked.dtype).unsqueeze(-1)
-    return reduce(masked, mask, max_length)
+    counts = None if rollout_counts is None else rollout_counts.to(masked.dtype)
+    return reduce(masked, mask, max_length, counts)
 
 
 # --- Shared pieces -----------------------------------------------------------------------------------
@@ -128,9 +148,13 @@ def clipped_surrogate(
     return loss, low_clipped, high_clipped
 
 
-def _masked_mean(values: Tensor, mask: Tensor) -> float:
-    """Mean of `values` where `mask` (same shape) holds; 0.0 if it holds nowhere."""
-    return float(torch.where(mask, values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1))
+def _masked_mean(values: Tensor, mask: Tensor, counts: Tensor | None = None) -> float:
+    """Mean of `values` where `mask` (same shape, (B, T') ) holds, row i counted counts[i] times; 0.0 if the mask
+    holds nowhere."""
+    if counts is None:
+        return float(torch.where(mask, values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1))
+    weight = torch.where(mask, counts.to(values.dtype)[:, None].expand_as(values), torch.zeros_like(values))
+    return float((weight * torch.where(mask, values, torch.zeros_like(values))).sum() / weight.sum().clamp(min=1e-30))
 
 
 def _clipped_policy_loss(
@@ -140,6 +164,7 @@ def _clipped_policy_loss(
     mask: Tensor,
     ref_logprobs: Tensor | None,
     rollout_weights: Tensor | None,
+    rollout_counts: Tensor | None,
     *,
     epsilon: float,
     epsilon_high: float | None,
@@ -164,16 +189,18 @@ def _clipped_policy_loss(
         kl = kl_k3(torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs, zeros))  # (B, T)
         if beta > 0:
             per_token = per_token + beta * kl
-    loss = aggregate(per_token, mask, aggregation, max_length=max_length, rollout_weights=rollout_weights)
+    loss = aggregate(per_token, mask, aggregation, max_length=max_length, rollout_weights=rollout_weights,
+                     rollout_counts=rollout_counts)
     with torch.no_grad():
         ratio_mask = mask if ratio.shape == mask.shape else mask.any(-1, keepdim=True)  # tokens or rollouts
         ratio_mask = ratio_mask.expand_as(ratio)
+        counts = rollout_counts
         metrics = {
-            "clip_fraction": _masked_mean((low_clipped | high_clipped).to(ratio.dtype), ratio_mask),
-            "clip_fraction_low": _masked_mean(low_clipped.to(ratio.dtype), ratio_mask),
-            "clip_fraction_high": _masked_mean(high_clipped.to(ratio.dtype), ratio_mask),
-            "ratio_mean": _masked_mean(ratio, ratio_mask),
-            "kl": 0.0 if kl is None else _masked_mean(kl, mask),
+            "clip_fraction": _masked_mean((low_clipped | high_clipped).to(ratio.dtype), ratio_mask, counts),
+            "clip_fraction_low": _masked_mean(low_clipped.to(ratio.dtype), ratio_mask, counts),
+            "clip_fraction_high": _masked_mean(high_clipped.to(ratio.dtype), ratio_mask, counts),
+            "ratio_mean": _masked_mean(ratio, ratio_mask, counts),
+            "kl": 0.0 if kl is None else _masked_mean(kl, mask, counts),
         }
     return LossOutput(loss=loss, metrics=metrics)
 
@@ -197,53 +224,56 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 @POLICY_LOSSES.register("grpo")
 def grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-         epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+         rollout_counts=None, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
          aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
     """GRPO (Shao et al. 2024, DeepSeekMath eq. 3): token ratio, clip epsilon (epsilon_high None = epsilon),
     KL-as-loss beta·k3, mean over each sequence's tokens then over the batch."""
     return _clipped_policy_loss(
         _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
+        max_length=max_length)
 
 
 @POLICY_LOSSES.register("dapo")
 def dapo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-         epsilon: float = 0.2, epsilon_high: float | None = 0.28, beta: float = 0.0,
+         rollout_counts=None, epsilon: float = 0.2, epsilon_high: float | None = 0.28, beta: float = 0.0,
          aggregation: str = "token_mean", max_length: int | None = None) -> LossOutput:
     """DAPO (Yu et al. 2025, eq. 8): clip-higher 0.2 / 0.28 (eq. 10), token-mean over the batch, no KL.
     Its overlong shaping is `overlong_reward_penalty` (a reward term); dynamic sampling is a pruner."""
     return _clipped_policy_loss(
         _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
+        max_length=max_length)
 
 
 @POLICY_LOSSES.register("dr_grpo")
 def dr_grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-            epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+            rollout_counts=None, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
             aggregation: str = "seq_mean_token_sum_norm", max_length: int | None = None) -> LossOutput:
     """Dr.GRPO (Liu et al. 2025, §3.1 / eq. 3 with constant normaliser): token sums / (B · max_length).
     max_length should be the generation limit (TRL's max_completion_length); None uses T of this batch,
     which is only constant if batches are padded to a fixed length. Pair with `mean_only` advantages."""
     return _clipped_policy_loss(
         _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
+        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
+        max_length=max_length)
 
 
 @POLICY_LOSSES.register("gspo")
 def gspo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-         epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
+         rollout_counts=None, epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
          aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
     """GSPO (Zheng et al. 2025, eq. 5-7): sequence ratio s_i = exp(mean_t log π/π_old), clipped per sequence
     to [1 - 3e-4, 1 + 4e-4] (the paper's §5.1 ranges), one term per rollout averaged over the batch, no KL."""
     return _clipped_policy_loss(
         _sequence_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs,
-        rollout_weights, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
-        max_length=max_length)
+        rollout_weights, rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta,
+        aggregation=aggregation, max_length=max_length)
 
 
 @POLICY_LOSSES.register("gspo_token")
 def gspo_token(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-               epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
+               rollout_counts=None, epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
                aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
     """GSPO-token (Zheng et al. 2025, eq. 13-14): per-token ratio s_i,t = sg[s_i]·π_t/sg[π_t], whose value is
     s_i and whose gradient flows through each token. With one advantage per rollout, value, clipping and
@@ -251,11 +281,11 @@ def gspo_token(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, r
     log_ratio = _sequence_log_ratio(logprobs, old_logprobs, mask).detach() + logprobs - logprobs.detach()
     log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))  # (B, T)
     return _clipped_policy_loss(
-        log_ratio, logprobs, advantages, mask, ref_logprobs, rollout_weights,
+        log_ratio, logprobs, advantages, mask, ref_logprobs, rollout_weights, rollout_counts,
         epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
 
 
-_TENSOR_ARGS = {"ref_logprobs", "rollout_weights"}
+_TENSOR_ARGS = {"ref_logprobs", "rollout_weights", "rollout_counts"}
 
 
 def hyperparameters(name: str) -> dict[str, object]:
@@ -267,17 +297,21 @@ def hyperparameters(name: str) -> dict[str, object]:
     }
 
 
-def _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights) -> Tensor:
+def _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights,
+                  rollout_counts=None) -> Tensor:
     """Raise a ValueError naming the argument whose shape is wrong; return the mask as bool."""
     if logprobs.dim() != 2 or logprobs.shape[0] == 0:
         raise ValueError(f"logprobs must be (B, T) with B >= 1, got shape {tuple(logprobs.shape)}")
     B = logprobs.shape[0]
     expected = {"old_logprobs": (old_logprobs, logprobs.shape), "response_mask": (response_mask, logprobs.shape),
                 "ref_logprobs": (ref_logprobs, logprobs.shape), "advantages": (advantages, (B,)),
-                "rollout_weights": (rollout_weights, (B,))}
+                "rollout_weights": (rollout_weights, (B,)), "rollout_counts": (rollout_counts, (B,))}
     for arg, (tensor, shape) in expected.items():
         if tensor is not None and tuple(tensor.shape) != tuple(shape):
             raise ValueError(f"{arg} must have shape {tuple(shape)} like logprobs, got {tuple(tensor.shape)}")
+    if rollout_counts is not None and not bool((torch.isfinite(rollout_counts) & (rollout_counts > 0)).all()):
+        bad = (~(torch.isfinite(rollout_counts) & (rollout_counts > 0))).nonzero().flatten()[:10].tolist()
+        raise ValueError(f"rollout_counts must be finite and > 0; rows {bad} are not")
     if response_mask.dtype != torch.bool:
         if not bool(((response_mask == 0) | (response_mask == 1)).all()):
             raise ValueError("response_mask must be bool or hold only 0 and 1")
@@ -294,12 +328,15 @@ def policy_loss(
     *,
     ref_logprobs: Tensor | None = None,
     rollout_weights: Tensor | None = None,
+    rollout_counts: Tensor | None = None,
     **hyperparams,
 ) -> LossOutput:
     """Loss `name` (see `POLICY_LOSSES`) on log-probs (B, T), advantages (B,), response_mask (B, T).
 
     rollout_weights (B,): per-rollout weights (e.g. importance weights after pruning) multiplying each rollout's
-    contribution with the normaliser unchanged; None == all ones. hyperparams: that loss's keyword arguments
+    contribution with the normaliser unchanged; None == all ones. rollout_counts (B,) > 0: multiplicities (row i
+    stands for m_i identical rollouts, `algo.duplicates`), counted in values, normalisers and metrics, so the loss
+    and its gradient equal the unmerged batch's; None == all ones. hyperparams: that loss's keyword arguments
     (`hyperparameters(name)` lists them with defaults); an unknown one raises TypeError naming the valid ones.
     """
     loss_fn = POLICY_LOSSES.get(name)
@@ -307,11 +344,13 @@ def policy_loss(
     unknown = sorted(set(hyperparams) - set(valid))
     if unknown:
         raise TypeError(f"policy loss {name!r} got unknown hyperparameter(s) {unknown}; valid: {sorted(valid)}")
-    mask = _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights)
+    mask = _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights,
+                         rollout_counts)
     return loss_fn(
         logprobs, old_logprobs.detach(), advantages.detach().to(logprobs.dtype), mask,
         ref_logprobs=None if ref_logprobs is None else ref_logprobs.detach(),
         rollout_weights=None if rollout_weights is None else rollout_weights.detach(),
+        rollout_counts=None if rollout_counts is None else rollout_counts.detach(),
         **hyperparams,
     )
 

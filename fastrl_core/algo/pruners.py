@@ -16,12 +16,18 @@ Keep count (cppo, pods, fastrl): a group of n candidates keeps m = min(n, max(mi
 | cppo            | top-m by |A| per group (CPPO)                      | |A|                     | min(min_keep, n)  |
 | pods            | size-m subset of max reward variance (PODS)        | |r − group mean reward| | min(min_keep, n)  |
 | fastrl_official | equal-advantage buckets + token Jaccard (NOTES §1) | 1 − Jaccard to its rep  | 1                 |
-| fastrl          | drop A = 0; sign-balanced greedy k-DPP on sketches | exp(marginal log-det)   | min(min_keep, n') |
+| fastrl          | drop A = 0; per-sign facility-location coreset on  | gain / its sign's mass  | min(min_keep, n') |
+|                 | sketches (CRAIG); selection=dpp: greedy k-DPP      | dpp: exp(log-det gain)  |                   |
 
 n' = the group's nonzero-advantage rollouts; fastrl_official ignores keep_ratio and min_keep, as the authors' code
 has no budget. So a group is emptied only by dapo_filter (all rewards equal) and by fastrl (all advantages zero);
 pods and cppo may keep zero-advantage rollouts to reach m. Weights are 1 for kept rollouts except with fastrl
-(sign-mass weights averaging 1 per group by default, Horvitz–Thompson weights with reweight=True), 0 for pruned.
+(coreset: the |A| mass each kept rollout stands for; dpp: sign-mass weights averaging 1 per group, or
+Horvitz–Thompson weights with reweight=True), 0 for pruned.
+
+Merged duplicates (`algo.duplicates.prune_distinct`): a batch may hold one row per distinct completion of a group
+with its multiplicity in `GroupBatch.counts`; fastrl counts a row's |A| mass m times, the other pruners see
+distinct completions (so their keep count is over distinct rows), and the copies are reported as DUPLICATE.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class Reason(enum.IntEnum):
     #                fastrl: not selected and most of its sketch direction (1 − residual) is spanned by kept ones
     OVER_BUDGET = 5  # pods: outside the max-reward-variance subset of size m (the middle rewards of the group)
     NOT_SAMPLED = 6  # fastrl with reweight=True: lost the random draw of its sign's sampled stratum
+    DUPLICATE = 7  # a copy of an identical completion of its group whose representative is kept: it is in the
+    #                update through the representative's multiplicity (`algo.duplicates`), not as its own row
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,9 @@ class GroupBatch:
     advantages: Tensor  # (N,) float
     sketches: Tensor | None  # (N, D) advantage-free gradient sketches (fastrl_core.algo.sketches)
     token_ids: tuple[Tensor, ...] | None = None  # N completions' token ids, each 1-D (fastrl_official)
+    counts: Tensor | None = None  # (N,) multiplicities >= 1 of merged identical completions; None = all ones.
+    #                              Only fastrl reads them (the |A| mass of a row is counts·|A|); the others ignore
+    #                              them, so on a merged batch they count distinct completions.
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,8 @@ class PruneResult:
     keep_mask: Tensor  # (N,) bool
     scores: Tensor  # (N,) float, per pruner as in the module table
     reasons: Tensor  # (N,) long, `Reason` values
-    weights: Tensor  # (N,) float loss weights: 0 pruned; 1 kept, except fastrl's sign-mass or HT weights
+    weights: Tensor  # (N,) float loss weights: 0 pruned; 1 kept, except fastrl's sign-mass, coreset or HT weights
+    #                  (after `duplicates.prune_distinct` a DUPLICATE copy carries its kept representative's weight)
 
 
 @dataclass(frozen=True)
@@ -357,13 +369,29 @@ def greedy_dpp(kernel: Tensor, log_quality: Tensor, candidates: Tensor, positive
 
 @PRUNERS.register("fastrl")
 def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
-           generator: torch.Generator | None, alpha: float = 1.0, min_gain: float | None = None,
-           reweight: bool = False, sampled_fraction: float = 0.5, zero_atol: float = 1e-6,
-           redundant_below: float = 0.5, balance: bool = True, mass_balance: bool = True) -> PruneResult:
-    """FastRL pruning: drop what carries no gradient, then keep a sign-balanced, quality-diverse set.
+           generator: torch.Generator | None, selection: str = "coreset", similarity: str = "euclidean",
+           mass: str = "nearest", alpha: float = 1.0, min_gain: float | None = None, reweight: bool = False,
+           sampled_fraction: float = 0.5, zero_atol: float = 1e-6, redundant_below: float = 0.5,
+           balance: bool | None = None, mass_balance: bool = True) -> PruneResult:
+    """FastRL pruning: drop what carries no gradient, then keep, per sign, the rollouts that best stand for the
+    others, weighted by the |A| mass they stand for (`selection='coreset'`, default); or the older sign-balanced
+    quality-diverse DPP (`selection='dpp'`, steps 2-6 below).
 
     Per group (all groups at once, padded):
     1. Rollouts with |A| <= zero_atol are pruned (ZERO_ADVANTAGE): A_i ∇log π(y_i) = 0, so this is free.
+    C. selection='coreset': the same count m and sign caps as in steps 2-3, chosen by sign-capped greedy facility
+       location (`algo.coreset`, CRAIG): a rollout is represented only by kept rollouts of its own sign, element
+       weights ω_i = m_i|A_i| (m_i = `GroupBatch.counts`), similarity by `similarity` ("euclidean", default:
+       ||φ_i|| − ||φ_i − φ_j|| on the advantage-free sketches, so ω_i·(that) is how much of rollout i's share of
+       the CRAIG error bound j removes; "cosine": the sketch cosine; "euclidean_scaled": on |A|-scaled sketches
+       with ω_i = m_i; "identity": no rollout stands for another, i.e. sign-balanced top m|A|). A rollout stands
+       for those of its sign whose best similarity to the kept set is > 0 and is largest to it (others are left
+       unrepresented: CRAIG's empty facility is closer); its loss weight per copy is the mass it stands for over
+       its own, γ_j / (m_j|A_j|) (`mass='own'`: 1), all scaled by K / N so the kept loss, which the trainer divides
+       by its own count K, estimates the whole batch's. m is raised to the number of signs present as in step 3,
+       but sign caps are off by default (`balance=None`: off for the coreset, on for the DPP): each sign's mass
+       already enters the gains, and capping measured worse (What was tried). Details and scores:
+       `_fastrl_coreset`.
     2. m = min(n', max(min_keep, ceil(keep_ratio·n'))) of the n' nonzero-advantage rollouts are chosen by greedy
        MAP inference of a DPP (`greedy_dpp`) with L = diag(q) K diag(q): K the cosine kernel of the advantage-free
        sketches, q = (|A| / max_group |A|)^alpha. log det L_S = Σ_S log q² + log det K_S rewards large |A| and
@@ -402,30 +430,71 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     K = I: sign-balanced top-|A|. Kept: m = max(keep count, number of signs present) without min_gain; at least
     min(min_keep, n') with it; 0 only when all advantages are zero.
 
-    What was tried (`benchmarks/bench_prune.py`: synthetic mode mixture with perfect sketches, keep_ratio 0.5, 512
-    groups × 16, 3 seeds; mean cosine of the kept update to the full group's update): with weights 1 — random
-    sign-balanced 0.69, top-|A| sign-balanced 0.77, this DPP 0.77 (0.68 without sign balance), cppo 0.66, pods
-    0.78; with sign-mass weights — random 0.82, top-|A| 0.89, DPP alpha 0 (diversity only) 0.84, alpha 0.5 / 1 / 2
-    0.90, alpha 1 without sign balance 0.90; HT reweighting 0.79 (unbiased but noisy); min_gain −3 keeps 29%
-    instead of 50% at 0.75. So restoring the zero sum matters most, |A| next, and sketch diversity adds ~0.01 on
-    top here; alpha = 1 (L = the Gram matrix of |A|-scaled unit sketches) was kept as the principled choice among
-    equals. Real sketches may reward diversity more or less: the bench is a stand-in, not evidence about a model.
+    What was tried. (a) `benchmarks/bench_prune.py`, a synthetic mode mixture with perfect sketches (keep 0.5, 512
+    groups × 16, 3 seeds, mean cosine of the kept update to the full group's): with weights 1, random sign-balanced
+    0.69, top-|A| sign-balanced 0.77, the DPP 0.77 (0.68 without sign balance), cppo 0.66, pods 0.78; with
+    sign-mass weights, random 0.82, top-|A| 0.89, DPP alpha 0 / 0.5 / 1 / 2: 0.84 / 0.90 / 0.90 / 0.90; HT
+    reweighting 0.79 (unbiased but noisy); coreset (euclidean / cosine) 0.97 / 0.97.
+    (b) Real rollouts, full-model gradients (`benchmarks/bench_prune_quality.py --train-steps 40`; 16 prompts × 8
+    of the synthetic task, the shipped warm start and the policy after 40 GRPO steps; cosine of the kept weighted
+    update Σ_kept m w g / Σ_kept m to the full batch's; CPPO and PODS run per group at exactly fastrl's counts).
+    Rules were compared on choose seeds 0-5; the figures below are the disjoint report seeds 100-105, as
+    "warm / trained" means, with the kept share of the sampled rollouts:
+      without merging, keep 0.5 (46 / 39 % kept): this coreset 1.000 / 1.000 (relative error 0.01 / 0.005), CPPO
+        0.968 / 0.979, PODS 0.962 / 0.926, random 0.865 / 0.766, the DPP 0.937 / 0.932; the coreset beats CPPO
+        and PODS in 6 of 6 batches for both policies (it keeps one copy of each frequent completion and gives
+        it the copies' mass: exact when the picks cover every distinct completion);
+      without merging, keep 0.25 (23 / 20 %): coreset 0.963 / 0.952, CPPO 0.871 / 0.901, PODS 0.855 / 0.717,
+        DPP 0.851 / 0.713; beats CPPO and PODS 6 of 6 for both;
+      merged (rows = distinct completions; 39 / 32 % of the sampled), keep 0.5 (24 / 20 % kept): coreset
+        0.966 / 0.952, CPPO 0.977 / 0.938, PODS 0.935 / 0.783; beats CPPO in only 1 / 3 of 6, PODS 5 / 6 of 6;
+        keep 0.25 (23 / 20 %): 0.963 / 0.952 vs CPPO 0.953 / 0.937: 2 / 3 of 6 against CPPO. With a row per
+        distinct completion and ~3 of them per group, min_keep leaves little to choose, and CPPO's top-|A| on
+        distinct rows is then as good: merging makes CPPO much better (0.871 -> 0.953 at ~23 %), not the
+        coreset. The coreset's relative error stays 2-3x below CPPO's everywhere (e.g. 0.26 vs 0.74 merged).
+      The authors' rule (`fastrl_official`, 29 / 25 % kept): 0.872 / 0.740 unmerged (CPPO at its counts 0.907 /
+        0.911), 0.922 / 0.806 merged (CPPO 0.982 / 0.974); the coreset at its own (lower) counts is above it in
+        5-6 of 6 unmerged, 3 / 5 of 6 merged.
+    Variants measured and not kept (report seeds, warm / trained, without merging, keep 0.5 | 0.25): with sign
+    caps 0.996 / 0.979 | 0.950 / 0.901 (on choose seeds, trained, keep 0.25: 4 of 6 vs CPPO, uncapped 6 of 6:
+    why caps are off); euclidean_scaled (CRAIG on |A|-scaled sketches, ω = m) with caps equal to euclidean with
+    caps; mass='own' (weights 1, no transfer) 0.972 / 0.960 | 0.860 / 0.867; cosine similarity 0.989 / 0.943 |
+    0.793 / 0.667, and merged far worse (0.776 / 0.701 at keep 0.5): distinct completions' exact last-layer
+    cosines are mostly negative (tests/test_sketches.py), and a first version that also gave a rollout the mass
+    of rollouts at similarity <= 0 lost to random when merged (0.907 vs 0.933, choose seeds); sign-capped top
+    m|A| (similarity 'identity') 0.960 / 0.929 | 0.879 / 0.727. So what makes the update faithful here is that
+    each kept rollout carries the mass of the rollouts it nearly equals, measured with sketch NORMS (euclidean),
+    not directions alone; diversity for its own sake (the DPP) does not help.
     """
+    if selection not in SELECTIONS:
+        raise ValueError(f"fastrl: selection must be one of {SELECTIONS}, got {selection!r}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"fastrl: similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    if mass not in MASSES:
+        raise ValueError(f"fastrl: mass must be one of {MASSES}, got {mass!r}")
     if alpha < 0 or zero_atol < 0 or not 0 < sampled_fraction <= 1:
         raise ValueError(f"fastrl: need alpha >= 0, zero_atol >= 0, 0 < sampled_fraction <= 1; got alpha={alpha}, "
                          f"zero_atol={zero_atol}, sampled_fraction={sampled_fraction}")
+    if selection == "coreset" and (reweight or min_gain is not None):
+        raise ValueError("fastrl: reweight and min_gain belong to selection='dpp'")
+    if balance is None:  # sign caps: on for the DPP (blind to signs), off for the coreset (see step C)
+        balance = selection == "dpp"
     advantages = groups.pad(batch.advantages.float(), 0.0)  # (G, M)
+    counts = groups.pad(batch.counts.float(), 0.0) if batch.counts is not None else groups.valid.float()
     candidates = groups.valid & (advantages.abs() > zero_atol)
     positive = candidates & (advantages > 0)
     n_pos, n_neg = positive.sum(1), (candidates & ~positive).sum(1)
     n_nonzero = n_pos + n_neg
     picks = keep_counts(n_nonzero, keep_ratio, min_keep)
-    if balance or reweight:  # at least one pick per sign present
+    if balance or reweight or selection == "coreset":  # at least one pick per sign present
         picks = torch.maximum(picks, (n_pos > 0).long() + (n_neg > 0).long())
     half = picks // 2 if balance else torch.zeros_like(picks)
     cap_pos = torch.minimum(n_pos, picks - torch.minimum(n_neg, half))
     cap_neg = torch.minimum(n_neg, picks - torch.minimum(n_pos, half))
     magnitude = advantages.abs()
+    if selection == "coreset":
+        return _fastrl_coreset(batch, groups, advantages, counts, candidates, positive, picks, cap_pos, cap_neg,
+                               similarity, mass, redundant_below)
     relative = magnitude / magnitude.amax(1, keepdim=True).clamp(min=1e-30)
     log_quality = torch.where(candidates, 2 * alpha * torch.log(relative.clamp(min=1e-30)), -math.inf)
     selected, pick_order, pick_gain, residual = greedy_dpp(
@@ -437,7 +506,7 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     reasons = torch.where(candidates, reasons, int(Reason.ZERO_ADVANTAGE))
     keep, weights = selected, selected.float()
     if mass_balance and not reweight:
-        weights = sign_mass_weights(advantages, candidates, positive, selected)
+        weights = sign_mass_weights(advantages, candidates, positive, selected, counts)
     if reweight:
         keep, weights = torch.zeros_like(selected), torch.zeros_like(weights)
         for stratum, count in ((positive, n_pos), (candidates & ~positive, n_neg)):
@@ -449,21 +518,88 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     return _result(groups, keep, scores, reasons, weights)
 
 
-def sign_mass_weights(advantages: Tensor, candidates: Tensor, positive: Tensor, keep: Tensor) -> Tensor:
+SELECTIONS = ("coreset", "dpp")
+SIMILARITIES = ("cosine", "euclidean", "euclidean_scaled", "identity")
+MASSES = ("nearest", "own")
+
+
+def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, counts: Tensor, candidates: Tensor,
+                    positive: Tensor, picks: Tensor, cap_pos: Tensor, cap_neg: Tensor, similarity: str,
+                    mass: str, redundant_below: float) -> PruneResult:
+    """`fastrl` with selection='coreset': per sign, a facility-location coreset (`algo.coreset`) of the group.
+
+    Elements are the candidates (A ≠ 0) of each sign; element weights ω and similarities by `similarity`:
+      cosine            ω_i = m_i|A_i|, sim = cosine of the sketches (K, as the DPP reads), coverage floor 0;
+      euclidean         ω_i = m_i|A_i|, sim(i, j) = ||φ_i|| − ||φ_i − φ_j|| on the advantage-free sketches φ: the
+                        CRAIG bound on || Σ_i ω_i s φ_i − Σ_S γ_j s φ_j || (s the sign);
+      euclidean_scaled  ω_i = m_i, the same on ψ_i = |A_i| φ_i / max_group |A| (CRAIG on the per-rollout
+                        gradients themselves).
+    Weights: γ_j = Σ_{i: a(i) = j} ω_i, the mass of the rollouts j stands for (`represented_mass`); j's loss weight
+    per copy is γ_j / (m_j|A_j|) (γ_j / m_j with euclidean_scaled), so its m_j copies bring γ_j·s·φ_j into the
+    update, and with cosine / euclidean Σ_kept m_j w_j A_j = Σ_i m_i A_i per sign (the zero sum of a GRPO group
+    holds exactly). All weights are then scaled by K / N (K = Σ_kept m, N = Σ m over the batch, zero-advantage
+    rollouts included), so the kept loss, which the trainer divides by K, estimates the whole batch's loss divided
+    by N; group-relative scales are left as in the full update.
+    Scores: gain at pick time (unpicked: gain against the final picks) over the sign's total Σ ω_i sim(i, i), in
+    [0, 1]. Unpicked candidates are REDUNDANT if sim(i, a(i)) / sim(i, i) >= redundant_below, else LOW_ADVANTAGE."""
+    from fastrl_core.algo.coreset import euclidean_similarity, greedy_facility_location, represented_mass
+
+    magnitude = advantages.abs()
+    if similarity in ("cosine", "identity"):
+        kernel = cosine_kernel(batch.sketches if similarity == "cosine" else None, groups)
+        element_weight = counts * magnitude
+    else:
+        sketches = batch.sketches if batch.sketches is not None else torch.eye(groups.index.shape[1])[groups.slot]
+        padded = sketches.float()[groups.index]  # (G, M, D); padding slots repeat a row and are never candidates
+        if similarity == "euclidean_scaled":
+            scale = magnitude / magnitude.amax(1, keepdim=True).clamp(min=1e-30)
+            padded, element_weight = padded * scale[:, :, None], counts
+        else:
+            element_weight = counts * magnitude
+        kernel = euclidean_similarity(padded)
+    element_weight = torch.where(candidates, element_weight, 0.0)
+    selected, pick_gain, final_gain, assignment = greedy_facility_location(
+        kernel, element_weight, candidates, positive, picks, cap_pos, cap_neg)
+    if mass == "own":
+        weights = selected.float()
+    else:
+        gamma = represented_mass(element_weight, assignment)  # (G, M)
+        per_copy = counts * (magnitude if similarity != "euclidean_scaled" else 1.0)
+        weights = torch.where(selected, gamma / per_copy.clamp(min=1e-30), 0.0)
+        kept_count = float((counts * selected).sum())
+        weights = weights * (kept_count / float(counts[groups.valid].sum()))
+    self_similarity = kernel.diagonal(dim1=1, dim2=2)  # (G, M)
+    total = torch.zeros_like(magnitude)
+    for stratum in (positive, candidates & ~positive):
+        sign_total = torch.where(stratum, element_weight * self_similarity.clamp(min=0.0), 0.0).sum(1)
+        total = torch.where(stratum, sign_total[:, None], total)
+    gain = torch.where(selected, pick_gain, final_gain)
+    scores = torch.where(candidates, gain / total.clamp(min=1e-30), 0.0).clamp(0.0, 1.0)
+    nearest = kernel.gather(2, assignment.clamp(min=0)[:, :, None]).squeeze(2)
+    quality = torch.where(assignment >= 0, nearest / self_similarity.clamp(min=1e-30), -math.inf)
+    reasons = torch.where(quality >= redundant_below, int(Reason.REDUNDANT), int(Reason.LOW_ADVANTAGE))
+    reasons = torch.where(candidates, reasons, int(Reason.ZERO_ADVANTAGE))
+    return _result(groups, selected, scores, reasons, weights)
+
+
+def sign_mass_weights(advantages: Tensor, candidates: Tensor, positive: Tensor, keep: Tensor,
+                      counts: Tensor | None = None) -> Tensor:
     """Weights (G, M) that give each sign's kept rollouts the group's whole |A| mass of that sign, rescaled to
     average 1 over the group's kept rollouts (so the update's scale is that of unweighted kept rollouts):
-        w_i ∝ M_s / M_s^kept,  M_s = Σ_{sign(A_j) = s} |A_j|,  M_s^kept = the same over kept j.
+        w_i ∝ M_s / M_s^kept,  M_s = Σ_{sign(A_j) = s} m_j|A_j|,  M_s^kept = the same over kept j,
+    m_j the multiplicities `counts` (G, M) (None = 1; the average is then over kept copies, Σ m_i w_i / Σ m_i).
     Hence Σ_kept w_i A_i ∝ M_+ − M_− = Σ_i A_i: a zero-sum group stays zero-sum after pruning, so a direction
     shared by all the group's rollouts cancels as it does in the full update (it would not with, e.g., 4 kept
     positives of A = 0.75 against 4 kept negatives of A = −0.25). 0 for pruned rollouts."""
-    magnitude = advantages.abs()
+    counts = torch.ones_like(advantages) if counts is None else counts
+    magnitude = advantages.abs() * counts
     weights = torch.zeros_like(magnitude)
     for stratum in (positive, candidates & ~positive):
         mass = torch.where(stratum, magnitude, 0.0).sum(1)  # (G,)
         kept_mass = torch.where(stratum & keep, magnitude, 0.0).sum(1)
         ratio = torch.where(kept_mass > 0, mass / kept_mass.clamp(min=1e-30), 0.0)
         weights = torch.where(stratum & keep, ratio[:, None], weights)
-    mean_weight = weights.sum(1) / keep.sum(1).clamp(min=1)
+    mean_weight = (weights * counts).sum(1) / torch.where(keep, counts, 0.0).sum(1).clamp(min=1e-30)
     return weights / mean_weight.clamp(min=1e-30)[:, None]
 
 
@@ -508,6 +644,12 @@ def _check_batch(batch: GroupBatch) -> int:
             bad = (~torch.isfinite(batch.sketches).all(1)).nonzero().flatten()
             if bad.numel():
                 raise ValueError(f"GroupBatch.sketches must be finite; non-finite in rows {bad[:10].tolist()}")
+    if batch.counts is not None:
+        if batch.counts.shape != (n,):
+            raise ValueError(f"GroupBatch.counts must be ({n},) like group_ids, got {tuple(batch.counts.shape)}")
+        bad = (~(torch.isfinite(batch.counts.double()) & (batch.counts >= 1))).nonzero().flatten()
+        if bad.numel():
+            raise ValueError(f"GroupBatch.counts must be finite and >= 1; not at rows {bad[:10].tolist()}")
     if batch.token_ids is not None:
         if len(batch.token_ids) != n:
             raise ValueError(f"GroupBatch.token_ids must hold {n} tensors, got {len(batch.token_ids)}")
@@ -531,11 +673,13 @@ def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: in
     if n == 0:
         empty = torch.zeros(0)
         return PruneResult(empty.bool(), empty, empty.long(), empty)
-    tensors = [batch.group_ids, batch.rewards, batch.advantages, batch.sketches, *(batch.token_ids or ())[:1]]
+    tensors = [batch.group_ids, batch.rewards, batch.advantages, batch.sketches, batch.counts,
+               *(batch.token_ids or ())[:1]]
     if any(t is not None and t.device.type != "cpu" for t in tensors):
         batch = GroupBatch(batch.group_ids.cpu(), batch.rewards.cpu(), batch.advantages.cpu(),
                            None if batch.sketches is None else batch.sketches.cpu(),
-                           None if batch.token_ids is None else tuple(t.cpu() for t in batch.token_ids))
+                           None if batch.token_ids is None else tuple(t.cpu() for t in batch.token_ids),
+                           None if batch.counts is None else batch.counts.cpu())
     groups = group_layout(batch.group_ids, generator)
     try:
         return pruner(batch, groups, keep_ratio=keep_ratio, min_keep=min_keep, generator=generator, **options)

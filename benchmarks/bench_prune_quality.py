@@ -1,0 +1,254 @@
+"""Pruning quality on real rollouts: how close each pruner's kept, weighted update is to the full batch's update.
+
+    .venv/bin/python benchmarks/bench_prune_quality.py [--train-steps 40] [--checkpoint RUN_DIR/checkpoints/ID]
+        [--choose-seeds 0-5] [--report-seeds 100-105] [--threads 1] [--policies warm,trained]
+
+For two policies — the shipped warm start (`load_policy("embedded")`) and a partly trained one (`--train-steps`
+GRPO steps of the trainer on the embedded default, or `--checkpoint`) — and for each seed: 16 prompts × 8
+rollouts of the synthetic task, sampled by the HF engine with the lm_head sketch projection exactly as the trainer
+builds it (sketch_dim 256, top-K 64, seed 0); rewards and GRPO advantages as in training. Per rollout, the
+full-model gradient g_i = ∇_θ A_i Σ_t log π(y_t) by autograd (one backward per distinct completion; identical
+completions have identical gradients). The full update is g = (1/N) Σ_i g_i (the trainer's sequence-sum loss
+normalised by the batch); a pruner's is ĝ = Σ_kept m_j w_j g_j / Σ_kept m_j (w its loss weights, m the
+multiplicities with duplicate merging, 1 without). Printed per setting (policy × merge × keep ratio), over the
+seeds: mean ± std of cosine(ĝ, g) and of the relative error ||ĝ − g|| / ||g||, the mean kept fraction, and for each
+fastrl variant the number of seeds where its cosine beats CPPO's / PODS's at the same kept counts.
+
+Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'_g)) (min_keep 2) of the n'_g
+nonzero-advantage rows of group g; CPPO, PODS and random are then run per group with exactly k_g (their own rules,
+`keep_ratio` tiny and `min_keep = k_g`), and the script checks every count. `fastrl_official` keeps what its rule
+keeps; CPPO is run again at its per-group counts. With merging, rows are distinct completions (the cost that
+passes through the log-prob passes and the update): fastrl weighs a row's |A| by its multiplicity, CPPO / PODS /
+random / the official rule see distinct rows only, and every kept row enters ĝ with its multiplicity.
+
+The selection rules are compared on `--choose-seeds`; the default was chosen there, and `--report-seeds` (disjoint)
+give the figures quoted in pruners.py. A quality figure, not a timing: threads 1, a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fastrl_core.algo.advantages import compute_advantages
+from fastrl_core.algo.duplicates import find_duplicates
+from fastrl_core.algo.pruners import GroupBatch, prune
+from fastrl_core.algo.sketches import make_projection
+from fastrl_core.config import TrainConfig
+from fastrl_core.data.problems import load_problems
+from fastrl_core.data.synthetic import ensure_dataset
+from fastrl_core.data.templates import answer_style
+from fastrl_core.rewards import score_completions
+
+FASTRL_VARIANTS = {  # label -> fastrl options; the first is the default (chosen on the choose seeds)
+    "fastrl (coreset, euclidean; default)": {},
+    "fastrl (coreset, euclidean, sign caps)": {"similarity": "euclidean", "balance": True},
+    "fastrl (coreset, euclidean_scaled, caps)": {"similarity": "euclidean_scaled", "balance": True},
+    "fastrl (coreset, euclidean, own mass, caps)": {"similarity": "euclidean", "mass": "own", "balance": True},
+    "fastrl (coreset, cosine, caps)": {"similarity": "cosine", "balance": True},
+    "fastrl (sign-capped top m|A|)": {"similarity": "identity", "mass": "own", "balance": True},
+    "fastrl_dpp (old rule, selection=dpp)": {"selection": "dpp"},
+}
+
+
+def seed_list(text: str) -> list[int]:
+    if not text:
+        return []
+    if "-" in text:
+        low, high = text.split("-")
+        return list(range(int(low), int(high) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def trained_policy(config: TrainConfig, steps: int):
+    """The policy after `steps` GRPO steps of the trainer (pruner none, fixed budget) on the embedded default."""
+    from fastrl_core.trainer import Trainer
+
+    trainer = Trainer(config, progress=False)
+    for _ in range(steps):
+        trainer.train_step()
+    trainer.writer.finish()
+    return trainer.policy
+
+
+def sample_batch(engine, policy, problems, seed: int, config: TrainConfig):
+    """Rollouts, rewards, advantages and the advantage-free per-rollout full-model gradients (N, P)."""
+    counts = [config.rollouts_per_prompt] * len(problems)
+    policy.model.eval()
+    rollouts = engine.generate(problems, counts, generator=torch.Generator().manual_seed(seed))
+    group_ids = rollouts.prompt_index
+    parts = score_completions(rollouts.completion_text, [problems[i] for i in group_ids.tolist()],
+                              style=answer_style(config.template), format_weight=config.format_weight,
+                              accuracy_weight=config.accuracy_weight)
+    rewards = torch.tensor([p.overall for p in parts])
+    advantages = compute_advantages(config.advantage, rewards, group_ids)
+    duplicates = find_duplicates(group_ids, rollouts.completion_ids, rollouts.completion_mask)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    gradients = torch.zeros(len(group_ids), sum(p.numel() for p in params))
+    for j in duplicates.unique.tolist():  # one backward per distinct completion; zero advantage needs none
+        if abs(float(advantages[j])) <= 1e-6:
+            continue
+        logprobs = engine.token_logprobs(policy.model, problems, rollouts, torch.tensor([j]))
+        grads = torch.autograd.grad(logprobs.sum(), params)
+        gradients[j] = torch.cat([g.reshape(-1) for g in grads])
+    gradients = gradients[duplicates.representative]  # copies share their representative's gradient
+    token_ids = tuple(ids[mask] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask))
+    batch = GroupBatch(group_ids, rewards, advantages, rollouts.sketches, token_ids)
+    return batch, duplicates, gradients * advantages[:, None]
+
+
+def merged(batch: GroupBatch, duplicates) -> GroupBatch:
+    u = duplicates.unique
+    return GroupBatch(batch.group_ids[u], batch.rewards[u], batch.advantages[u], batch.sketches[u],
+                      tuple(batch.token_ids[i] for i in u.tolist()), duplicates.counts.float())
+
+
+def kept_per_group(batch: GroupBatch, keep: torch.Tensor) -> dict[int, int]:
+    return {int(g): int(keep[batch.group_ids == g].sum()) for g in batch.group_ids.unique()}
+
+
+def at_counts(name: str, batch: GroupBatch, counts: dict[int, int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run pruner `name` per group with exactly counts[g] kept (keep_ratio tiny, min_keep = counts[g]); `random`
+    keeps counts[g] uniformly drawn rows. Returns (keep (N,), weights (N,))."""
+    keep = torch.zeros(batch.group_ids.numel(), dtype=torch.bool)
+    weights = torch.zeros(batch.group_ids.numel())
+    generator = torch.Generator().manual_seed(seed)
+    for g, k in counts.items():
+        rows = (batch.group_ids == g).nonzero().flatten()
+        if k == 0:
+            continue
+        if name == "random":
+            chosen = rows[torch.randperm(rows.numel(), generator=generator)[:k]]
+            keep[chosen], weights[chosen] = True, 1.0
+            continue
+        sub = GroupBatch(batch.group_ids[rows], batch.rewards[rows], batch.advantages[rows], batch.sketches[rows])
+        result = prune(name, sub, keep_ratio=1e-9, min_keep=k, generator=generator)
+        keep[rows], weights[rows] = result.keep_mask, result.weights
+    assert kept_per_group(batch, keep) == counts, (name, kept_per_group(batch, keep), counts)
+    return keep, weights
+
+
+def fidelity(keep: torch.Tensor, weights: torch.Tensor, multiplicity: torch.Tensor, rows: torch.Tensor,
+             full: torch.Tensor) -> tuple[float, float]:
+    """cosine and relative error of ĝ = Σ_kept m w g / Σ_kept m against `full`; rows = gradients of the batch."""
+    scale = torch.where(keep, multiplicity * weights, 0.0)
+    update = (scale[:, None] * rows).sum(0) / torch.where(keep, multiplicity, 0.0).sum().clamp(min=1e-30)
+    cosine = float(torch.nn.functional.cosine_similarity(update.double(), full.double(), dim=0))
+    return cosine, float((update - full).norm() / full.norm().clamp(min=1e-30))
+
+
+def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_ratio: float, merge: bool,
+                   min_keep: int, seed: int) -> dict[str, tuple[float, float, float]]:
+    """method -> (cosine, relative error, kept fraction of the sampled rollouts)."""
+    full = gradients.mean(0)
+    if merge:
+        work = merged(batch, duplicates)
+        rows, multiplicity = gradients[duplicates.unique], duplicates.counts.float()
+    else:
+        work, rows, multiplicity = batch, gradients, torch.ones(len(gradients))
+    sampled = len(gradients)
+    out = {}
+
+    def record(label, keep, weights):
+        cosine, error = fidelity(keep, weights, multiplicity, rows, full)
+        out[label] = (cosine, error, int(keep.sum()) / sampled)
+
+    record("none (full batch)", torch.ones(len(rows), dtype=torch.bool), torch.ones(len(rows)))
+    counts = None
+    for label, options in FASTRL_VARIANTS.items():
+        result = prune("fastrl", work, keep_ratio=keep_ratio, min_keep=min_keep,
+                       generator=torch.Generator().manual_seed(seed), **options)
+        group_counts = kept_per_group(work, result.keep_mask)
+        assert counts is None or counts == group_counts, "fastrl variants keep the same counts"
+        counts = group_counts
+        record(label, result.keep_mask, result.weights)
+    for name in ("cppo", "pods", "random"):
+        record(f"{name} @ fastrl's counts", *at_counts(name, work, counts, seed))
+    official = prune("fastrl_official", work, generator=torch.Generator().manual_seed(seed))
+    record("fastrl_official (own count)", official.keep_mask, official.weights)
+    record("cppo @ official's counts", *at_counts("cppo", work, kept_per_group(work, official.keep_mask), seed))
+    return out
+
+
+def summarise(title: str, per_batch: list[dict]) -> None:
+    methods = list(per_batch[0])
+    print(f"\n{title}  ({len(per_batch)} batches)")
+    print(f"| {'method':44s} | cosine mean ± std | rel. error mean ± std | kept |")
+    print(f"|{'-' * 46}|-------------------|-----------------------|------|")
+    for method in methods:
+        cos = [b[method][0] for b in per_batch]
+        err = [b[method][1] for b in per_batch]
+        kept = statistics.mean(b[method][2] for b in per_batch)
+        spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
+        print(f"| {method:44s} | {statistics.mean(cos):.3f} ± {spread(cos):.3f}     | "
+              f"{statistics.mean(err):.3f} ± {spread(err):.3f}         | {kept:.2f} |")
+    cppo, pods = "cppo @ fastrl's counts", "pods @ fastrl's counts"
+    official, cppo_official = "fastrl_official (own count)", "cppo @ official's counts"
+    n = len(per_batch)
+    for label in FASTRL_VARIANTS:
+        wins_cppo = sum(b[label][0] > b[cppo][0] for b in per_batch)
+        wins_pods = sum(b[label][0] > b[pods][0] for b in per_batch)
+        above_official = sum(b[label][0] > b[official][0] for b in per_batch)
+        margin = statistics.mean(b[label][0] - b[cppo][0] for b in per_batch)
+        print(f"  {label}: beats CPPO in {wins_cppo}/{n}, PODS in {wins_pods}/{n}, the official rule in "
+              f"{above_official}/{n}; cosine minus CPPO's {margin:+.3f}")
+    margin = statistics.mean(b[official][0] - b[cppo_official][0] for b in per_batch)
+    print(f"  fastrl_official minus CPPO at its counts: {margin:+.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--train-steps", type=int, default=40, help="GRPO steps for the partly trained policy")
+    parser.add_argument("--checkpoint", default=None, help="a saved policy dir instead of training (…/policy)")
+    parser.add_argument("--choose-seeds", default="0-5")
+    parser.add_argument("--report-seeds", default="100-105")
+    parser.add_argument("--keep", default="0.5,0.25")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--policies", default="warm,trained", help="which of warm (start), trained to measure")
+    parser.add_argument("--work", default=None, help="directory for the dataset and the training run (temp dir)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from fastrl_core.policy import load_policy
+    from fastrl_core.trainer import make_engine
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_prune_quality_"))
+    config = TrainConfig(store_dir=str(work), synthetic_train=512, synthetic_test=64, threads=args.threads,
+                         pruner="none", budget="fixed", eval_every=0, checkpoint_every=0, log_rollouts=False)
+    root = ensure_dataset(work / "data", n_train=config.synthetic_train, n_test=config.synthetic_test, seed=0)
+    problems = load_problems(root / "train")
+    wanted = set(args.policies.split(","))
+    policies = {"warm start": load_policy("embedded")} if "warm" in wanted else {}
+    if "trained" in wanted and args.checkpoint:
+        policies["checkpoint"] = load_policy(args.checkpoint)
+    elif "trained" in wanted and args.train_steps:
+        policies[f"after {args.train_steps} GRPO steps"] = trained_policy(config, args.train_steps)
+    keeps = [float(k) for k in args.keep.split(",")]
+    for phase, seeds in (("choose", seed_list(args.choose_seeds)), ("report", seed_list(args.report_seeds))):
+        if not seeds:
+            continue
+        results: dict[tuple, list] = {}
+        for policy_name, policy in policies.items():
+            out = policy.model.get_output_embeddings().weight
+            projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim, seed=config.seed)
+            engine = make_engine(config, policy, projection)
+            for seed in seeds:
+                order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(10_000 + seed))
+                chosen = [problems[i] for i in order[: config.prompts_per_step].tolist()]
+                batch, duplicates, gradients = sample_batch(engine, policy, chosen, seed, config)
+                for merge in (False, True):
+                    for keep in keeps:
+                        results.setdefault((policy_name, merge, keep), []).append(
+                            evaluate_batch(batch, duplicates, gradients, keep, merge, config.min_keep, seed))
+        print(f"\n===== {phase} seeds {seeds} =====")
+        for (policy_name, merge, keep), per_batch in results.items():
+            summarise(f"[{phase}] {policy_name}, merge {'on' if merge else 'off'}, keep {keep}", per_batch)
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,7 @@ REASON_TEXT = {
     "REDUNDANT": "its gradient direction was already covered by a kept rollout",
     "OVER_BUDGET": "outside the max-variance subset of the group",
     "NOT_SAMPLED": "lost the random draw of its stratum (importance reweighting)",
+    "DUPLICATE": "same completion as a kept rollout of its group: updated once, counted as often as sampled",
 }
 
 

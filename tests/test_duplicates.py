@@ -105,6 +105,7 @@ def test_trainer_merges_copies_losslessly_and_records_every_rollout(tmp_path):
     copies = merged["reason"] == "DUPLICATE"
     assert copies.any() and not merged.loc[copies, "kept"].any() and plain["kept"].all()
     assert int(merged_step["rollouts_kept"].iloc[0]) == int((~copies).sum()) < int(plain_step["rollouts_kept"].iloc[0])
-    assert (merged["weight"] == 1.0).all()  # copies carry their representative's weight
+    # the store records loss weights: 1 for the kept representatives (pruner none), 0 for copies, which skip the loss
+    assert (merged.loc[~copies, "weight"] == 1.0).all() and (merged.loc[copies, "weight"] == 0.0).all()
     for key in ("loss", "kl", "clip_fraction"):
         assert float(merged_step[key].iloc[0]) == pytest.approx(float(plain_step[key].iloc[0]), rel=1e-4, abs=1e-6)

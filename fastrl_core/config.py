@@ -43,7 +43,7 @@ class TrainConfig:
     synthetic_levels: list = option([], "synthetic dataset: difficulty levels to include, e.g. [1] ([] = every level)")
     template: str = option("math", "prompt template: 'math' (<think> then \\boxed{}) or 'r1v' (<answer> tags)")
     # -- sampling
-    steps: int = option(100, "training steps (one rollout batch and one update each)")
+    steps: int = option(100, "training steps (one rollout batch and updates_per_step optimiser updates each)")
     time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)")
     prompts_per_step: int = option(16, "prompts sampled per step")
     rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per prompt")

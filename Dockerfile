@@ -2,7 +2,7 @@
 # FastRL on NVIDIA GPUs: the `gpu` (vLLM 0.33) and `app` extras plus TRL, with `fastrl` as the entry point.
 #
 #   docker build -t fastrl:gpu .
-#   docker run --gpus all -v "$PWD/runs:/workspace/runs" fastrl:gpu train engine=vllm steps=200
+#   docker run --gpus all -v "$PWD/runs:/workspace/runs" fastrl:gpu train engine=vllm device=cuda sketch=logprob steps=200
 #   docker run -p 8501:8501 -v "$PWD/runs:/workspace/runs" fastrl:gpu app --store runs --address 0.0.0.0
 #   docker run --gpus all --entrypoint python fastrl:gpu scripts/gpu_check.py
 #   docker run --gpus all --entrypoint accelerate fastrl:gpu launch --num_processes 8 my_trl_script.py
@@ -22,15 +22,17 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH \
     HF_HOME=/workspace/.cache/huggingface
 
-# Python 3.12 (Ubuntu 24.04's), a C compiler for Triton's runtime-compiled helpers, git for `code_version`.
+# Python 3.12 (Ubuntu 24.04's) and a C compiler for Triton's runtime-compiled helpers. No git: .dockerignore leaves
+# .git out of the build context, so a run's `code_version` in the store is the package version (pyproject.toml).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential git ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv "$VIRTUAL_ENV" \
  && pip install --upgrade pip
 
 # The GPU pins (constraints/gpu.txt): torch/torchvision/transformers follow vLLM 0.33. Editable install, so
-# data/warmstart and scripts/ stay next to the code.
+# data/warmstart and scripts/ stay next to the code. COPY takes the context .dockerignore leaves: everything but
+# .git, tests, environments, runs and caches.
 COPY . /opt/fastrl/src
 RUN pip install -c /opt/fastrl/src/constraints/gpu.txt -e "/opt/fastrl/src[gpu,app,trl]" \
  && python -c "from importlib.metadata import version; from fastrl_core.engines.vllm import VLLMEngine; \

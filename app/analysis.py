@@ -1,4 +1,7 @@
-"""Pure summaries behind the pages: DataFrames in, DataFrames or numbers out (no Streamlit, no I/O)."""
+"""Pure page helpers: DataFrames in, DataFrames or labels out (no Streamlit, no I/O).
+
+The figures themselves (accuracy curves, final accuracy, speed-ups, intervals, seconds per phase) are defined once
+in `fastrl_core.metrics`, which the bench and the README use too; this module only shapes data for the pages."""
 
 from __future__ import annotations
 
@@ -43,62 +46,23 @@ def run_status(run: pd.Series, now: pd.Timestamp, stale_after_s: float = 300.0) 
     return status
 
 
-def first_reach(x: pd.Series | np.ndarray, y: pd.Series | np.ndarray, target: float) -> float | None:
-    """The first x (in order) at which y >= target, or None if never. NaN y never counts."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    hits = np.flatnonzero(y >= target)
-    return float(x[hits[0]]) if len(hits) else None
+def train_accuracy(steps: pd.DataFrame, window: int = 5) -> pd.DataFrame:
+    """The training rollouts' accuracy per run, rolling mean over `window` steps: run_id, step, wall_time, accuracy."""
+    frame = steps[["run_id", "step", "wall_time", "accuracy"]].sort_values(["run_id", "step"])
+    frame["accuracy"] = frame.groupby("run_id")["accuracy"].transform(lambda s: s.rolling(window, min_periods=1).mean())
+    return frame.reset_index(drop=True)
 
 
-def accuracy_curves(steps: pd.DataFrame, evals: pd.DataFrame, *, source: str, window: int = 5) -> pd.DataFrame:
-    """Accuracy per run against step and wall-clock seconds: columns run_id, step, wall_time, accuracy.
-
-    source "eval": the evaluation rows (their own wall_time when recorded, else the wall_time of the steps row
-    with that step number). source "train": the rollouts' accuracy, rolling mean over `window` steps.
-    """
-    if source == "train":
-        frame = steps[["run_id", "step", "wall_time", "accuracy"]].sort_values(["run_id", "step"])
-        frame["accuracy"] = frame.groupby("run_id")["accuracy"].transform(
-            lambda s: s.rolling(window, min_periods=1).mean())
-        return frame.reset_index(drop=True)
-    if source != "eval":
-        raise ValueError(f"accuracy_curves: source must be 'eval' or 'train', got {source!r}")
-    frame = evals[["run_id", "step", "accuracy"] + (["wall_time"] if "wall_time" in evals else [])].copy()
-    if "wall_time" not in frame:
-        frame["wall_time"] = np.nan
-    lookup = steps.set_index(["run_id", "step"])["wall_time"]
-    missing = frame["wall_time"].isna()
-    frame.loc[missing, "wall_time"] = [
-        lookup.get((run, step), 0.0 if step == 0 else np.nan)
-        for run, step in zip(frame.loc[missing, "run_id"], frame.loc[missing, "step"])]
-    return frame.sort_values(["run_id", "step"]).reset_index(drop=True)
-
-
-def time_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per run: the first step and wall-clock seconds at which the curve reaches `target` (NaN if never)."""
+def phases_long(frame: pd.DataFrame, label: str, phases: tuple[str, ...], kind: str = "time") -> pd.DataFrame:
+    """Wide `<kind>_<phase>` columns (metrics.run_figures / summarise `_mean` columns) to long rows: label, phase,
+    seconds; phases without a value are left out."""
     rows = []
-    for run_id, curve in curves.groupby("run_id", sort=False):
-        curve = curve.sort_values("step")
-        rows.append({"run_id": run_id,
-                     "step": first_reach(curve["step"], curve["accuracy"], target),
-                     "seconds": first_reach(curve["wall_time"], curve["accuracy"], target)})
-    return pd.DataFrame(rows, columns=["run_id", "step", "seconds"]).astype({"step": float, "seconds": float})
-
-
-def speedup(seconds: pd.Series, baseline: str) -> pd.Series:
-    """Speed-up of every run over `baseline`: baseline seconds / run seconds (NaN where either is missing)."""
-    if baseline not in seconds.index:
-        raise KeyError(f"speedup: baseline run {baseline!r} not among {list(seconds.index)}")
-    return seconds[baseline] / seconds
-
-
-def phase_seconds(steps: pd.DataFrame, phases: tuple[str, ...]) -> pd.DataFrame:
-    """Mean seconds per step spent in each phase, long format: run_id, phase, seconds."""
-    columns = [f"time_{p}" for p in phases if f"time_{p}" in steps]
-    means = steps.groupby("run_id", sort=False)[columns].mean()
-    long = means.reset_index().melt(id_vars="run_id", var_name="phase", value_name="seconds")
-    long["phase"] = long["phase"].str.removeprefix("time_")
-    return long.dropna(subset=["seconds"])
+    for _, row in frame.iterrows():
+        for phase in phases:
+            value = row.get(f"{kind}_{phase}", row.get(f"{kind}_{phase}_mean"))
+            if value is not None and pd.notna(value):
+                rows.append({label: row[label], "phase": phase, "seconds": float(value)})
+    return pd.DataFrame(rows, columns=[label, "phase", "seconds"])
 
 
 def reason_counts(rollouts: pd.DataFrame) -> pd.DataFrame:
@@ -137,18 +101,6 @@ def pick_informative_group(groups: pd.DataFrame) -> str | None:
     return str((pruned if not pruned.empty else groups).iloc[0]["prompt_id"])
 
 
-def find_baseline(runs: pd.DataFrame, run_id: str) -> str | None:
-    """A plain-GRPO run (pruner "none") to compare `run_id` with: same dataset when possible, newest first."""
-    this = runs.loc[runs["run_id"] == run_id]
-    candidates = runs[(runs["pruner"] == "none") & (runs["run_id"] != run_id)]
-    if candidates.empty:
-        return None
-    if not this.empty:
-        same = candidates[candidates["dataset"] == this.iloc[0]["dataset"]]
-        candidates = same if not same.empty else candidates
-    return str(candidates.sort_values("started", ascending=False).iloc[0]["run_id"])
-
-
 def filter_rollouts(rollouts: pd.DataFrame, *, prompt_id: str | None = None, kept: bool | None = None,
                     correct: bool | None = None, reasons: list[str] | None = None) -> pd.DataFrame:
     """Rows matching every given filter; correct means accuracy_reward > 0 (as the store's read_rollouts)."""
@@ -177,20 +129,3 @@ def selected_keys(points: list[dict]) -> list[tuple[int, str]]:
         step, rollout_id = (custom["0"], custom["1"]) if isinstance(custom, dict) else (custom[0], custom[1])
         keys.append((int(step), str(rollout_id)))
     return keys
-
-
-def comparison(curves: pd.DataFrame, run_id: str, baseline: str) -> dict:
-    """Headline of run vs baseline: the target is the baseline's latest accuracy; seconds each run took to reach it,
-    speed-up = baseline seconds / run seconds (None when the run has not reached it), latest accuracies."""
-    base = curves[curves["run_id"] == baseline].sort_values("step")
-    this = curves[curves["run_id"] == run_id].sort_values("step")
-    if base.empty or this.empty:
-        return {"target": None, "baseline_seconds": None, "run_seconds": None, "speedup": None,
-                "baseline_accuracy": None if base.empty else float(base["accuracy"].iloc[-1]),
-                "run_accuracy": None if this.empty else float(this["accuracy"].iloc[-1])}
-    target = float(base["accuracy"].iloc[-1])
-    base_seconds = first_reach(base["wall_time"], base["accuracy"], target)
-    run_seconds = first_reach(this["wall_time"], this["accuracy"], target)
-    return {"target": target, "baseline_seconds": base_seconds, "run_seconds": run_seconds,
-            "speedup": base_seconds / run_seconds if base_seconds and run_seconds else None,
-            "baseline_accuracy": target, "run_accuracy": float(this["accuracy"].iloc[-1])}

@@ -81,11 +81,37 @@ def zero_variance(steps: pd.DataFrame, groups_per_step: pd.Series, *, revision: 
     return _style(fig, revision=revision)
 
 
-def phase_bars(phases: pd.DataFrame, *, revision: str) -> go.Figure:
-    """Mean seconds per step in each phase, stacked, one bar per run."""
-    fig = px.bar(phases, x="seconds", y="run_id", color="phase", orientation="h",
-                 color_discrete_sequence=PHASE_COLOURS, labels={"seconds": "seconds per step", "run_id": ""})
-    return _style(fig, revision=revision, height=120 + 40 * phases["run_id"].nunique())
+def phase_bars(phases: pd.DataFrame, *, revision: str, label: str = "run_id") -> go.Figure:
+    """Mean seconds per step in each phase, stacked, one bar per run (or per `label` value)."""
+    fig = px.bar(phases, x="seconds", y=label, color="phase", orientation="h",
+                 color_discrete_sequence=PHASE_COLOURS, labels={"seconds": "seconds per step", label: ""})
+    return _style(fig, revision=revision, height=120 + 40 * phases[label].nunique())
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    red, green, blue = (int(colour.lstrip("#")[i: i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({red},{green},{blue},{alpha})"
+
+
+def band_lines(bands: pd.DataFrame, *, x: str, x_title: str, y_title: str, revision: str) -> go.Figure:
+    """One mean line per method with its shaded interval band (metrics.band rows with a `method` column)."""
+    fig = go.Figure()
+    palette = px.colors.qualitative.D3
+    for i, (method, band) in enumerate(bands.groupby("method", sort=False)):
+        colour = palette[i % len(palette)]
+        seeds = int(band["n"].iloc[0])
+        if band["low"].notna().any():
+            fig.add_scatter(x=band[x], y=band["high"], mode="lines", line=dict(width=0), showlegend=False,
+                            hoverinfo="skip", legendgroup=method)
+            fig.add_scatter(x=band[x], y=band["low"], mode="lines", line=dict(width=0), fill="tonexty",
+                            fillcolor=_rgba(colour, 0.18), showlegend=False, hoverinfo="skip", legendgroup=method,
+                            name=f"{method} band")
+        fig.add_scatter(x=band[x], y=band["mean"], mode="lines", line=dict(color=colour, width=2.5),
+                        name=f"{method} ({seeds} seed{'s' if seeds != 1 else ''})", legendgroup=method,
+                        hovertemplate="%{y:.3f}<extra>" + method + "</extra>")
+    fig.update_xaxes(title=x_title)
+    fig.update_yaxes(title=y_title)
+    return _style(fig, revision=revision, height=360)
 
 
 def group_bars(group: pd.DataFrame, *, revision: str) -> go.Figure:

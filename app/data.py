@@ -19,11 +19,11 @@ import pandas as pd
 import streamlit as st
 
 from app.projection import Projection, SketchMap
-from fastrl_core import store
+from fastrl_core import metrics, store
 from fastrl_core.store import PHASES
 
 __all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
-           "budget_matrix", "sketches", "image_bytes", "image_data_url", "sketch_map", "project"]
+           "budget_matrix", "sketches", "image_bytes", "image_data_url", "sketch_map", "project", "comparison"]
 
 
 def store_dir() -> Path:
@@ -77,6 +77,34 @@ def _evals(store_key: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
 def evals(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
     """Evaluation rows of these runs (read_evals); cached for 3 s (an eval may land between steps)."""
     return _evals(_key(), tuple(run_ids))
+
+
+@st.cache_data(ttl=3.0, max_entries=32, show_spinner=False)
+def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    runs = store.read_runs(store_key)
+    runs = runs[runs["run_id"].isin(run_ids)]
+    labels = metrics.run_labels(runs.set_index("run_id", drop=False).reindex(
+        [r for r in run_ids if r in set(runs["run_id"])]))  # in the order asked for
+    steps = store.read_steps(store_key, list(run_ids))
+    evals = store.read_evals(store_key, list(run_ids))
+    split = runs.set_index("run_id")["eval_split"]  # each run's own split ("test" when it has one)
+    evals = evals[evals["split"] == evals["run_id"].map(split)]
+    per_run = metrics.compare_runs(labels, steps, evals)
+    summary = metrics.summarise(per_run) if len(per_run) else pd.DataFrame(columns=["method"])
+    method = labels.set_index("run_id")["method"]
+    curves = [metrics.eval_curve(steps[steps["run_id"] == r], evals[evals["run_id"] == r]).assign(
+        run_id=r, method=method[r]) for r in labels["run_id"]]
+    curves = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
+        columns=[*metrics.CURVE_COLUMNS, "run_id", "method"])
+    return per_run, summary, curves
+
+
+def comparison(run_ids: list[str] | tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per-run figures, per-method summary with intervals, evaluation curves with run_id and method) of these
+    runs, from `fastrl_core.metrics` (the bench's definitions); re-read when a run has a new step, else every 3 s."""
+    run_ids = tuple(run_ids)
+    return _comparison(_key(), run_ids, _versions(run_ids))
 
 
 @st.cache_data(max_entries=256, show_spinner=False)

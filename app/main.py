@@ -11,8 +11,11 @@ import streamlit as st
 PAGES = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="FastRL", page_icon=":material/bolt:", layout="wide")
+# The default page is served at the root and Streamlit gives it the URL path "" whatever url_path says, so
+# `/runs` matched no page ("Page not found", then the default): a hidden page serves the same file at /runs.
 navigation = st.navigation([
-    st.Page(PAGES / "runs.py", title="Runs", icon=":material/monitoring:", url_path="runs", default=True),
+    st.Page(PAGES / "runs.py", title="Runs", icon=":material/monitoring:", url_path="home", default=True),
+    st.Page(PAGES / "runs.py", title="Runs", icon=":material/monitoring:", url_path="runs", visibility="hidden"),
     st.Page(PAGES / "budget.py", title="Budget", icon=":material/tune:", url_path="budget"),
     st.Page(PAGES / "rollouts.py", title="Rollouts", icon=":material/search:", url_path="rollouts"),
     st.Page(PAGES / "embeddings.py", title="Embeddings", icon=":material/scatter_plot:", url_path="embeddings"),

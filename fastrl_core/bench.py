@@ -1,192 +1,374 @@
-"""`fastrl bench`: GRPO, the prior pruners and FastRL trained one after another on identical seeds and data.
+"""`fastrl bench`: every method under several seeds, interleaved step by step, with confidence intervals.
 
-For each run it reports wall-clock training time (evaluation excluded), time per phase, final and best greedy test
-accuracy, and the time to reach its baseline's final accuracy. Greedy accuracy on a few hundred problems jumps by
-several points between evaluations, so both "final" and "reach" use a moving average over `SMOOTH` evaluations:
-target = the baseline's smoothed accuracy at its last evaluation; time to target = training seconds at the first
-evaluation where a run's smoothed accuracy reaches it; speedup = the baseline's time to target / the run's, both
-measured the same way in the same command. The baseline of a run is plain GRPO with the same objective
-(`grpo`, `grpo+dapo`, `grpo+gspo`). All runs go to one
-store, so the dashboard's Runs page compares them too; the table (Markdown + JSON) and a plot go to `--out`.
+For each seed, one `Trainer` per method is built from the same config, seed, data order and warm start, and their
+`train_step()`s are called round-robin in one process: a neighbouring job that slows the machine for a minute slows
+every method alike instead of faking a difference. Each method is evaluated every `eval_every` steps outside the
+timed region (as `fastrl train`), and each phase's process CPU seconds are stored beside its wall-clock seconds
+(`cpu_<phase>` columns, see `PhaseTimer`). The figures (final accuracy, the paper's step speed-up, time-to-target
+speed-up, area under the accuracy-time curve, time per step, rollouts, seconds per phase) and their 95 % intervals
+over seeds come from `fastrl_core.metrics`, the module the dashboard's Runs page uses too.
+
+Resuming: a (method, seed) whose run in `--store` is finished with the same config (run name
+`bench-<method>-seed<seed>`) is not trained again; an unfinished one is trained again from scratch (its old run is
+marked "stopped"), interleaved with the other unfinished methods of its seed, so an interrupted bench continues
+where it stopped and every kept run was timed in one piece.
+
+Repeatability: `--compare OTHER/results.json` prints this bench's per-step ratios (GRPO's seconds for the same
+steps / the method's) beside those of another invocation, e.g. the same command with another `--store`, and
+whether every one is within 10 % of the other.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import asdict
 from pathlib import Path
 
-from fastrl_core.config import load_config
-from fastrl_core.trainer import PHASES
+from fastrl_core import metrics
+from fastrl_core.config import TrainConfig, load_config
+from fastrl_core.store.schema import PHASES
 
-# name -> overrides; `+objective` names share that objective's GRPO baseline
+# name -> overrides; `<method>+<objective>` names share that objective's GRPO baseline (`grpo+<objective>`).
+# Add a method by adding an entry; its pruner and budget must be registered (checked when the bench starts).
 METHODS: dict[str, list[str]] = {
     "grpo": ["pruner=none", "budget=fixed"],
     "dapo_filter": ["pruner=dapo_filter", "budget=fixed"],
     "cppo": ["pruner=cppo", "budget=fixed"],
     "pods": ["pruner=pods", "budget=fixed"],
-    "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],
+    "random": ["pruner=random", "budget=fixed"],  # paper Table 5: a random 50 % of each group
+    "advantage_only": ["pruner=advantage_only", "budget=fixed"],  # paper Table 5: one rollout per advantage value
+    "greso": ["pruner=none", "budget=greso"],  # skip prompts before generation from their reward history
+    "fastrl_paper": ["pruner=fastrl_paper", "budget=rollout_sa_paper"],  # the paper's rule and ARS as written
+    "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],  # the authors' code
     "fastrl": ["pruner=fastrl", "budget=adaptive"],
+    "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],
     "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],
     "fastrl+gspo": ["pruner=fastrl", "budget=adaptive", "objective=gspo"],
 }
 DEFAULT_METHODS = "grpo,dapo_filter,cppo,pods,fastrl_official,fastrl"
-SMOOTH = 3  # evaluations in the moving average
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"
+REPEAT_TOLERANCE = 0.10  # acceptance: two invocations' per-step ratios within 10 % of each other
 
 
 def baseline_of(method: str) -> str:
+    """Plain GRPO under the method's objective."""
     _, plus, objective = method.partition("+")
     return f"grpo+{objective}" if plus else "grpo"
 
 
-@dataclass
-class RunResult:
-    method: str
-    run_id: str
-    train_seconds: float
-    final_accuracy: float
-    best_accuracy: float
-    initial_accuracy: float
-    rollouts_sampled: int
-    rollouts_kept: int
-    phase_seconds: dict[str, float]
-    curve: list[tuple[int, float, float]]  # (step, wall seconds, accuracy) per evaluation
-
-    @property
-    def smoothed(self) -> list[float]:
-        """Moving average of the last `SMOOTH` evaluations' accuracy at each evaluation."""
-        accuracy = [a for *_, a in self.curve]
-        return [sum(accuracy[max(0, i - SMOOTH + 1): i + 1]) / len(accuracy[max(0, i - SMOOTH + 1): i + 1])
-                for i in range(len(accuracy))]
-
-    @property
-    def final_smoothed(self) -> float:
-        return self.smoothed[-1]
-
-    def time_to(self, target: float) -> float | None:
-        """Training seconds at the first evaluation (after the initial one) whose smoothed accuracy reaches `target`."""
-        return next((seconds for (step, seconds, _), smooth in zip(self.curve, self.smoothed)
-                     if step > 0 and smooth >= target - 1e-9), None)
+def parse_seeds(text: str, what: str) -> list[int]:
+    """`0,1,2` -> [0, 1, 2]; a bad list raises naming `what`."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"{what}: seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"{what}: expected distinct seeds >= 0, got {text!r}")
+    return seeds
 
 
-def collect(store_dir: Path, method: str, run_id: str) -> RunResult:
-    from fastrl_core.store import read_evals, read_steps
-
-    steps = read_steps(store_dir, run_id).sort_values("step")
-    evals = read_evals(store_dir, run_id).sort_values("step")
-    wall = dict(zip(steps["step"] + 1, steps["wall_time"]))  # eval at step s follows s steps
-    curve = [(int(s), float(wall.get(int(s), 0.0)), float(a)) for s, a in zip(evals["step"], evals["accuracy"])]
-    return RunResult(
-        method=method, run_id=run_id, train_seconds=float(steps["wall_time"].iloc[-1]),
-        final_accuracy=curve[-1][2], best_accuracy=max(a for *_, a in curve), initial_accuracy=curve[0][2],
-        rollouts_sampled=int(steps["rollouts_sampled"].sum()), rollouts_kept=int(steps["rollouts_kept"].sum()),
-        phase_seconds={p: float(steps[f"time_{p}"].sum()) for p in PHASES if f"time_{p}" in steps},
-        curve=curve,
-    )
-
-
-def summarise(results: list[RunResult]) -> list[dict]:
-    by_method = {r.method: r for r in results}
-    rows = []
-    for r in results:
-        base = by_method.get(baseline_of(r.method))
-        target = base.final_smoothed if base else None
-        reach = r.time_to(target) if target is not None else None
-        base_reach = base.time_to(target) if base else None
-        rows.append({
-            "method": r.method, "run_id": r.run_id, "baseline": base.method if base else None,
-            "final_accuracy": r.final_accuracy, "final_smoothed": r.final_smoothed, "best_accuracy": r.best_accuracy,
-            "initial_accuracy": r.initial_accuracy, "train_seconds": r.train_seconds,
-            "rollouts_sampled": r.rollouts_sampled, "kept_fraction": r.rollouts_kept / max(1, r.rollouts_sampled),
-            "target_accuracy": target, "time_to_target": reach,
-            "baseline_time_to_target": base_reach,
-            "speedup": (base_reach / reach) if base_reach and reach else None,
-            "step_time_ratio": (base.train_seconds / r.train_seconds) if base else None,
-            **{f"time_{p}": s for p, s in r.phase_seconds.items()},
-        })
-    return rows
+def plan(methods: list[str], seeds: list[int], seeds_for: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Seeds of each method (`seeds_for` overrides `seeds`); each baseline gets at least its methods' seeds (the
+    speed-ups pair runs by seed) and is added when missing. Ordered: baselines first, then as given."""
+    unknown = [m for m in [*methods, *seeds_for] if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    idle = sorted(set(seeds_for) - set(methods) - {baseline_of(m) for m in methods})
+    if idle:
+        raise ValueError(f"--seeds-for names {idle}, not among the methods {methods} or their baselines")
+    chosen = {m: list(seeds_for.get(m, seeds)) for m in methods}
+    for method in list(chosen):
+        base = baseline_of(method)
+        have = chosen.setdefault(base, list(seeds_for.get(base, seeds)))
+        chosen[base] = sorted(set(have) | set(chosen[method]))
+    order = sorted(chosen, key=lambda m: (baseline_of(m) != m, list(chosen).index(m)))
+    return {m: chosen[m] for m in order}
 
 
-def markdown_table(rows: list[dict]) -> str:
-    def fmt(value, spec):
-        return "—" if value is None else format(value, spec)
+def method_config(config_path: str | Path, method: str, seed: int, store: str, overrides: list[str]
+                  ) -> TrainConfig:
+    """The method's config under `seed`; a config the loader rejects (e.g. a pruner that is not registered yet)
+    raises naming the method."""
+    try:
+        return load_config(config_path, [*overrides, *METHODS[method], f"seed={seed}", f"store_dir={store}",
+                                         f"run_name={metrics.bench_run_name(method, seed)}"])
+    except (ValueError, KeyError) as error:
+        text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        raise ValueError(f"method {method!r} ({' '.join(METHODS[method])}): {text}") from None
 
-    header = ("| method | final acc (smoothed) | best acc | train s | to baseline's final acc | speedup | "
-              "time/step vs baseline | rollouts | kept | " + " | ".join(f"{p} s" for p in PHASES) + " |")
-    lines = [header, "|" + "---|" * (9 + len(PHASES))]
-    for r in rows:
+
+def check_registered(configs: dict[tuple[str, int], TrainConfig]) -> None:
+    """Every method's pruner, budget and objective must be registered: one error naming each that is not."""
+    from fastrl_core.algo.budgets import BUDGETS
+    from fastrl_core.algo.objectives import POLICY_LOSSES
+    from fastrl_core.algo.pruners import PRUNERS
+
+    problems = []
+    for method in dict.fromkeys(m for m, _ in configs):
+        config = next(c for (m, _), c in configs.items() if m == method)
+        for kind, name, registry in (("pruner", config.pruner, PRUNERS), ("budget", config.budget, BUDGETS),
+                                     ("objective", config.objective, POLICY_LOSSES)):
+            if name not in registry:
+                problems.append(f"method {method!r} needs {kind} {name!r}, which is not registered "
+                                f"(registered: {', '.join(registry.names())})")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def comparable(config: dict) -> str:
+    """A config as JSON without the store location: the key that says a stored run is this (method, seed)."""
+    values = json.loads(json.dumps(config, default=str))
+    values.pop("store_dir", None)
+    return json.dumps(values, sort_keys=True)
+
+
+def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> dict[tuple[str, int], str]:
+    """(method, seed) -> run id of a finished run in the store with that run name and config (the newest), and
+    marks unfinished bench runs of those names "stopped" (they will be trained again from scratch)."""
+    from fastrl_core.store import RunWriter, read_runs
+
+    if not (store / "runs").exists():
+        return {}
+    runs = read_runs(store).sort_values("started")
+    found = {}
+    for key, config in configs.items():
+        mine = runs[(runs["name"] == config.run_name)]
+        same = mine[[comparable(json.loads(c)) == comparable(asdict(config)) for c in mine["config"]]]
+        done = same[same["status"] == "finished"]
+        if len(done):
+            found[key] = str(done["run_id"].iloc[-1])
+        for run_id in same.loc[same["status"].isin(["running", "failed"]), "run_id"]:
+            RunWriter.resume(store, run_id).finish("stopped")
+    return found
+
+
+def train_interleaved(configs: dict[str, TrainConfig], log=print) -> dict[str, str]:
+    """Train one seed's methods round-robin, one `train_step()` each in turn; returns method -> run id.
+
+    The loop of `Trainer.run` with the methods side by side: evaluation at step 0 and every `eval_every` steps (not
+    timed), checkpoints every `checkpoint_every` steps and at the end, the `time_limit_s` stop, a last evaluation,
+    then the run is marked finished."""
+    from fastrl_core.trainer import Trainer
+
+    trainers = {method: Trainer(config, progress=False) for method, config in configs.items()}
+    for trainer in trainers.values():
+        if trainer.config.eval_every:
+            trainer.evaluate()
+    active = dict(trainers)
+    while active:
+        for method, trainer in list(active.items()):
+            config = trainer.config
+            if trainer.step >= config.steps or (config.time_limit_s and trainer.train_seconds >= config.time_limit_s):
+                if config.eval_every and trainer.step % config.eval_every:
+                    trainer.evaluate()
+                trainer.save_checkpoint()
+                trainer.writer.finish()
+                del active[method]
+                continue
+            trainer.train_step()
+            if config.eval_every and trainer.step % config.eval_every == 0:
+                accuracy = trainer.evaluate()["accuracy"]
+                log(f"  seed {config.seed} {method}: step {trainer.step}/{config.steps} "
+                    f"train {trainer.train_seconds:.1f} s, test accuracy {accuracy:.3f}")
+            if config.checkpoint_every and trainer.step % config.checkpoint_every == 0:
+                trainer.save_checkpoint()
+    return {method: trainer.writer.run_id for method, trainer in trainers.items()}
+
+
+# ----------------------------------------------------------------------------------------------- report
+def collect(store: Path, run_ids: dict[tuple[str, int], str], split: str):
+    """(per-run table, per-method summary, curves) of the bench's runs, by `fastrl_core.metrics`."""
+    import pandas as pd
+
+    from fastrl_core.store import read_evals, read_runs, read_steps
+
+    ids = list(run_ids.values())
+    runs = read_runs(store)
+    labels = metrics.run_labels(runs[runs["run_id"].isin(ids)])
+    order = {run_id: i for i, run_id in enumerate(ids)}
+    labels = labels.sort_values("run_id", key=lambda s: s.map(order)).reset_index(drop=True)
+    steps = read_steps(store, ids)
+    evals = read_evals(store, ids)
+    evals = evals[evals["split"] == split]
+    per_run = metrics.compare_runs(labels, steps, evals)
+    curves = pd.concat([metrics.eval_curve(steps[steps["run_id"] == r], evals[evals["run_id"] == r]).assign(run_id=r)
+                        for r in ids], ignore_index=True)
+    return per_run, metrics.summarise(per_run), curves
+
+
+def _fmt(value, spec: str = ".3f", suffix: str = "") -> str:
+    return "—" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:{spec}}{suffix}"
+
+
+def markdown_table(summary, per_run) -> str:
+    """Every method's mean ± 95 % interval (ratios: geometric mean [interval])."""
+    header = ("| method | overrides | seeds | final acc | step speed-up (wall) | step speed-up (CPU) | "
+              "time-to-target speed-up | reached target | AUC | s/step | CPU s/step | rollouts sampled | kept | "
+              + " | ".join(f"{p} s/step" for p in PHASES) + " |")
+    lines = [header, "|" + "---|" * (13 + len(PHASES))]
+    for _, row in summary.iterrows():
+        iv = lambda name: metrics.interval(row, name)  # noqa: E731
         lines.append(
-            f"| {r['method']} | {r['final_smoothed']:.3f} | {r['best_accuracy']:.3f} | {r['train_seconds']:.0f} | "
-            f"{fmt(r['time_to_target'], '.0f')} s | {fmt(r['speedup'], '.2f')}× | "
-            f"{fmt(r['step_time_ratio'], '.2f')}× | {r['rollouts_sampled']} | "
-            f"{r['kept_fraction']:.2f} | " + " | ".join(f"{r.get(f'time_{p}', 0.0):.1f}" for p in PHASES) + " |")
-    return "\n".join(lines)
+            f"| {row['method']} | `{' '.join(METHODS.get(row['method'], []))}` | {len(row['seeds'])} | "
+            f"{iv('final_accuracy').text('.3f')} | {iv('step_speedup').text('.2f', '×')} | "
+            f"{iv('cpu_step_speedup').text('.2f', '×')} | {iv('target_speedup').text('.2f', '×')} | "
+            f"{row['target_reached']}/{len(row['seeds'])} | {iv('auc').text('.3f')} | "
+            f"{iv('seconds_per_step').text('.3f')} | {iv('cpu_per_step').text('.3f')} | "
+            f"{iv('rollouts_sampled').text('.0f')} | {iv('kept_fraction').text('.2f')} | "
+            + " | ".join(_fmt(row[f"time_{p}_mean"], ".3f") for p in PHASES) + " |")
+    target = per_run["target_accuracy"].dropna()
+    horizon = per_run["horizon"].iloc[0] if len(per_run) else math.nan
+    notes = [
+        "",
+        f"Mean ± {metrics.CONFIDENCE:.0%} Student-t interval over seeds; speed-ups are geometric means of the "
+        "per-seed ratios against GRPO of the same seed, with the interval on their logs ([low, high]); "
+        "`(n=1)`: one seed or pair, no interval.",
+        f"Final acc: mean of the last {metrics.WINDOW} evaluations. Step speed-up: GRPO's training seconds / the "
+        "method's for the same steps. Time-to-target: training seconds until the trailing mean of "
+        f"{metrics.WINDOW} evaluations reaches acc0 + {metrics.TARGET_SHARE} × (GRPO's mean final − acc0)"
+        + (f" = {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))}" if len(target) else "")
+        + "; over seeds where both runs reached it (reached target: seeds of the method that did). "
+        f"AUC: mean accuracy over the first {_fmt(horizon, '.1f')} s of training (the shortest run).",
+    ]
+    return "\n".join(lines + notes)
 
 
-def plot(results: list[RunResult], path: Path) -> None:
+def plot(summary, curves, per_run, path: Path) -> None:
+    """Accuracy against training seconds (mean of the seeds with its 95 % band) and seconds per step by phase."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
-    for r in results:
-        style = "-" if r.method.startswith(("fastrl", "grpo")) and "official" not in r.method else "--"
-        width = 2.4 if r.method.startswith("fastrl") and "official" not in r.method else 1.3
-        left.plot([s for _, s, _ in r.curve], r.smoothed, style, lw=width, marker="o", ms=3, label=r.method)
-    left.set_xlabel("training wall-clock (s, 2 CPU cores; evaluation excluded)")
-    left.set_ylabel(f"greedy test accuracy (mean of {SMOOTH} evaluations)")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    for method in summary["method"]:
+        ids = per_run.loc[per_run["method"] == method, "run_id"]
+        band = metrics.band(curves[curves["run_id"].isin(ids)])
+        if band.empty:
+            continue
+        ours = method.startswith("fastrl") and "official" not in method and "paper" not in method
+        line, = left.plot(band["wall_time"], band["mean"], "-" if ours or method.startswith("grpo") else "--",
+                          lw=2.4 if ours else 1.3, label=f"{method} (n={int(band['n'].iloc[0])})")
+        if band["low"].notna().any():
+            left.fill_between(band["wall_time"], band["low"], band["high"], color=line.get_color(), alpha=0.15)
+    left.set_xlabel("training seconds (evaluation excluded)")
+    left.set_ylabel("greedy test accuracy (mean of seeds, 95 % band)")
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
-    bottom = [0.0] * len(results)
+    bottom = [0.0] * len(summary)
     for phase in PHASES:
-        values = [r.phase_seconds.get(phase, 0.0) for r in results]
-        right.barh([r.method for r in results], values, left=bottom, label=phase)
+        values = [0.0 if not math.isfinite(v) else v for v in summary[f"time_{phase}_mean"]]
+        right.barh(summary["method"], values, left=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, values)]
-    right.set_xlabel("seconds per phase (whole run)")
+    cpu = summary["cpu_per_step_mean"]
+    if cpu.notna().any():
+        right.scatter(cpu, summary["method"], marker="|", s=200, color="black", label="CPU s/step", zorder=3)
+    right.set_xlabel("seconds per step by phase (mean of seeds)")
     right.invert_yaxis()
-    right.legend(fontsize=8, ncol=2)
+    right.legend(fontsize=8, ncol=2, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _records(frame) -> list[dict]:
+    return json.loads(frame.to_json(orient="records"))
+
+
+def write_report(out: Path, per_run, summary, curves, *, header: dict) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(summary, per_run)
+    (out / "results.md").write_text(table + "\n")
+    keep = [c for c in per_run.columns if c != "is_baseline"]
+    payload = {**header, "confidence": metrics.CONFIDENCE, "window": metrics.WINDOW,
+               "target_share": metrics.TARGET_SHARE, "runs": _records(per_run[keep]), "summary": _records(summary),
+               "curves": {run_id: _records(c.drop(columns="run_id")) for run_id, c in curves.groupby("run_id")}}
+    (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
+    plot(summary, curves, per_run, out / "bench.png")
+    return table
+
+
+def repeat_check(summary: list[dict], other: list[dict], tolerance: float = REPEAT_TOLERANCE) -> tuple[str, bool]:
+    """Per-step ratios (wall and CPU) of two bench invocations side by side; ok when every method's wall ratio is
+    within `tolerance` (relative) of the other's."""
+    theirs = {row["method"]: row for row in other}
+    lines = ["| method | step speed-up here | there | difference | CPU here | there | difference |",
+             "|---|---|---|---|---|---|---|"]
+    ok = True
+    for row in summary:
+        if row["method"] not in theirs or row["method"] == row.get("baseline_method"):
+            continue
+        cells = []
+        for name in ("step_speedup_mean", "cpu_step_speedup_mean"):
+            a, b = row.get(name), theirs[row["method"]].get(name)
+            diff = abs(a / b - 1) if a and b else None
+            if name == "step_speedup_mean":
+                ok &= diff is not None and diff <= tolerance
+            cells += [_fmt(a, ".3f", "×"), _fmt(b, ".3f", "×"), _fmt(diff, ".1%")]
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+    verdict = (f"repeat check: every per-step ratio within {tolerance:.0%} of the other run's" if ok else
+               f"repeat check FAILED: a per-step ratio differs by more than {tolerance:.0%} (or is missing)")
+    return "\n".join(lines + ["", verdict]), ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fastrl bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"))
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="training config shared by every run")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)}")
-    parser.add_argument("--store", default="runs/bench")
-    parser.add_argument("--out", default="runs/bench/report", help="folder for results.md, results.json, bench.png")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of every method")
+    parser.add_argument("--seeds-for", action="append", default=[], metavar="METHOD=SEEDS",
+                        help="this method's own seeds, e.g. grpo=0,1,2,3,4 (repeatable)")
+    parser.add_argument("--store", default="runs/bench", help="store of the runs (resumed: finished runs are kept)")
+    parser.add_argument("--out", default=None, help="folder for results.md, results.json, bench.png "
+                                                    "(default: <store>/report)")
+    parser.add_argument("--compare", metavar="RESULTS_JSON", default=None,
+                        help="another bench's results.json: print both per-step ratios and whether within 10 %%")
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
     args = parser.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    missing = sorted({baseline_of(m) for m in methods} - set(methods))
-    methods = missing + methods  # every run needs its baseline in the same benchmark
+    try:
+        seeds = parse_seeds(args.seeds, "--seeds")
+        seeds_for = {}
+        for item in args.seeds_for:
+            method, sep, text = item.partition("=")
+            if not sep:
+                raise ValueError(f"--seeds-for: expected METHOD=SEEDS, got {item!r}")
+            seeds_for[method.strip()] = parse_seeds(text, f"--seeds-for {method}")
+        owned = [o for o in args.overrides if o.partition("=")[0] in ("seed", "store_dir", "run_name")]
+        if owned:
+            raise ValueError(f"override(s) {owned}: the bench sets seed (--seeds), store_dir (--store) and run_name")
+        chosen = plan([m.strip() for m in args.methods.split(",") if m.strip()], seeds, seeds_for)
+        configs = {(m, s): method_config(args.config, m, s, args.store, args.overrides)
+                   for m, method_seeds in chosen.items() for s in method_seeds}
+        check_registered(configs)
+    except (ValueError, KeyError) as error:
+        parser.error(str(error.args[0] if isinstance(error, KeyError) else error))
 
-    from fastrl_core.trainer import train
+    store = Path(args.store)
+    run_ids = finished_runs(store, configs)
+    for seed in sorted({s for _, s in configs}):
+        todo = {m: c for (m, s), c in configs.items() if s == seed and (m, s) not in run_ids}
+        kept = [m for (m, s) in run_ids if s == seed]
+        print(f"== seed {seed}: training {', '.join(todo) or 'nothing'}"
+              + (f"; finished in the store: {', '.join(kept)}" if kept else ""), flush=True)
+        if todo:
+            for method, run_id in train_interleaved(todo, log=lambda line: print(line, flush=True)).items():
+                run_ids[(method, seed)] = run_id
+    run_ids = {key: run_ids[key] for key in configs}  # plan order
 
-    results = []
-    for method in methods:
-        config = load_config(args.config, [*args.overrides, *METHODS[method], f"store_dir={args.store}",
-                                           f"run_name=bench-{method.replace('+', '-')}"])
-        print(f"== {method}: {' '.join(METHODS[method])}", flush=True)
-        run_id = train(config)
-        results.append(collect(Path(args.store), method, run_id))
-
-    rows = summarise(results)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(rows)
-    (out / "results.md").write_text(table + "\n")
-    (out / "results.json").write_text(json.dumps({"rows": rows, "curves": {r.method: r.curve for r in results}},
-                                                 indent=1))
-    plot(results, out / "bench.png")
+    split = next(iter(configs.values())).test_split
+    per_run, summary, curves = collect(store, run_ids, split)
+    out = Path(args.out) if args.out else store / "report"
+    table = write_report(out, per_run, summary, curves, header={
+        "config": str(args.config), "overrides": args.overrides, "store": str(store),
+        "methods": {m: METHODS[m] for m in chosen}, "seeds": chosen})
     print("\n" + table + f"\n\nwrote {out}/results.md, results.json, bench.png")
+    if args.compare:
+        other = json.loads(Path(args.compare).read_text())["summary"]
+        text, _ = repeat_check(_records(summary), other)
+        print(f"\nper-step ratios vs {args.compare}:\n{text}")
     return 0

@@ -1,6 +1,8 @@
 """`fastrl` command line: train, eval, warmstart, data, store, app, demo, bench.
 
-Heavy modules are imported inside each command so `fastrl --help` stays instant.
+Heavy modules are imported inside each command so `fastrl --help` stays instant. A user error (a bad config key,
+value or name, a missing file, a bad dataset row) prints one line naming what is wrong and exits with code 2;
+`--debug` (anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ def _train(args: argparse.Namespace) -> int:
     from fastrl_core.config import field_help, load_config
 
     if args.list_keys:
+        from fastrl_core.checks import registry_names
+
+        names = registry_names()
         for key, text in field_help().items():
-            print(f"  {key:24s} {text}")
+            print(f"  {key:24s} {text}" + (f" {{{', '.join(names[key])}}}" if key in names else ""))
         return 0
     config_path = None
     overrides = list(args.overrides)
@@ -30,7 +35,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from fastrl_core.checks import check_source
+    from fastrl_core.config import ConfigError
     from fastrl_core.data.problems import load_problems
+    from fastrl_core.data.templates import TEMPLATES
+
+    if args.template not in TEMPLATES:  # before any dataset or model loads
+        raise ConfigError(f"--template {args.template!r} is unknown; valid: {', '.join(sorted(TEMPLATES))}")
+    check_source("--model", str(args.model), "embedded")
+    check_source("--dataset", args.dataset, "synthetic")
     from fastrl_core.evaluate import evaluate
     from fastrl_core.policy import load_policy
     from fastrl_core.store import RunWriter
@@ -104,6 +117,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastrl", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="on an error, show the traceback (may be given anywhere)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("train", help="train with a YAML config and key=value overrides")
@@ -161,12 +175,34 @@ def build_parser() -> argparse.ArgumentParser:
 PASSTHROUGH = {"warmstart": _warmstart, "bench": _bench}
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean the user's input is wrong (their message says how), not that the code is."""
+    from fastrl_core.config import ConfigError
+    from fastrl_core.data.problems import DataError
+
+    return ConfigError, DataError, FileNotFoundError
+
+
+def one_line(error: BaseException) -> str:
+    """`error`'s message on one line (a KeyError's message without the quotes str() adds)."""
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return " ".join(str(message).split()) or type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in PASSTHROUGH:
-        return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    debug = "--debug" in argv
+    argv = [arg for arg in argv if arg != "--debug"]
+    try:
+        if argv and argv[0] in PASSTHROUGH:
+            return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except Exception as error:
+        if debug or not isinstance(error, _user_errors()):
+            raise
+        print(f"fastrl: error: {one_line(error)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """Training configuration: dataclass defaults <- YAML file <- `key=value` overrides (EasyR1 style).
 
-Every field carries its help text; `fastrl train --help` prints them. Dict-valued fields (the
-objective's, pruner's and budget controller's own keyword arguments) take dotted overrides such as
-`objective_args.beta=0.01`. An unknown key is rejected with the list of valid names.
+Every field carries its help text (`fastrl train --list-keys` prints them) and, where it has one, its range.
+Dict-valued fields (the objective's, pruner's and budget controller's own keyword arguments) take dotted overrides
+such as `objective_args.beta=0.01`. `load_config` rejects, before any model or dataset loads, an unknown key, a
+wrong type or range, an unknown registry name or sub-key, and an engine / sketch pair the engine cannot do
+(`fastrl_core.checks`); every error is a `ConfigError` naming the key, the bad value and the valid ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +21,18 @@ from typing import Any
 import yaml
 
 
-def option(default: Any, help: str) -> Any:
-    """A dataclass field carrying its help text (CLI help comes from it)."""
+class ConfigError(ValueError):
+    """A bad config: unknown key, wrong type, out-of-range value, unknown name or an unsupported combination.
+    The message names the key, the bad value and the valid ones (the CLI prints it as one line, exit code 2)."""
+
+
+def option(default: Any, help: str, *, bounds: str | None = None) -> Any:
+    """A dataclass field carrying its help text (CLI help comes from it) and optionally the range its value must
+    lie in, checked when the config loads: ">= 1", "> 0", "(0, 1]", "[0, 1)" (`in_bounds`)."""
+    metadata = {"help": help, "bounds": bounds}
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -27,100 +40,172 @@ class TrainConfig:
     # -- run and store
     run_name: str = option("fastrl", "name of the run in the store (a timestamp is appended for the run id)")
     store_dir: str = option("runs", "store directory: Parquet step files, DuckDB views, images, checkpoints")
-    seed: int = option(0, "seed for data order, sampling, sketches and pruning")
-    threads: int = option(2, "torch CPU threads (more than physical cores is ~2x slower)")
+    seed: int = option(0, "seed for data order, sampling, sketches and pruning", bounds=">= 0")
+    threads: int = option(2, "torch CPU threads (more than physical cores is ~2x slower)", bounds=">= 1")
     # -- model and data
     model: str = option("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), a hub name or a local path")
     engine: str = option("hf", "rollout engine: 'hf' (transformers generate, CPU or GPU) or 'vllm' (GPU only)")
     device: str = option("cpu", "device of the policy and the update: 'cpu' or 'cuda'")
-    dataset: str = option("synthetic", "'synthetic' (embedded geometry task), a problems.jsonl folder, a Parquet/JSONL file or a hub dataset")
+    dataset: str = option("synthetic", "'synthetic' (embedded geometry task), a problems.jsonl folder, a Parquet/JSONL "
+                          "file or a hub dataset")
+    dataset_skip_bad: bool = option(False, "skip bad dataset rows (missing/unreadable image, missing answer), counted "
+                                    "and logged, instead of stopping at the first (like `fastrl eval --skip-bad`)")
     train_split: str = option("train", "split used for training")
     test_split: str = option("test", "split used for evaluation")
-    synthetic_train: int = option(2048, "synthetic dataset: training problems")
-    synthetic_test: int = option(256, "synthetic dataset: test problems")
+    synthetic_train: int = option(2048, "synthetic dataset: training problems", bounds=">= 1")
+    synthetic_test: int = option(256, "synthetic dataset: test problems", bounds=">= 1")
     synthetic_kinds: list = option([], "synthetic dataset: task kinds to include, e.g. [count_dots, longest_segment] "
                                    "([] = every kind; weights from synthetic.DEFAULT_MIX)")
     synthetic_levels: list = option([], "synthetic dataset: difficulty levels to include, e.g. [1] ([] = every level)")
     template: str = option("math", "prompt template: 'math' (<think> then \\boxed{}) or 'r1v' (<answer> tags)")
     # -- sampling
-    steps: int = option(100, "training steps (one rollout batch and updates_per_step optimiser updates each)")
-    time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)")
-    prompts_per_step: int = option(16, "prompts sampled per step")
-    rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per prompt")
-    max_new_tokens: int = option(32, "maximum completion length in tokens")
-    temperature: float = option(1.0, "sampling temperature")
+    steps: int = option(100, "training steps (one rollout batch and updates_per_step optimiser updates each)", bounds=">= 1")
+    time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)", bounds=">= 0")
+    prompts_per_step: int = option(16, "prompts sampled per step", bounds=">= 1")
+    rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per "
+                                      "prompt", bounds=">= 1")
+    max_new_tokens: int = option(32, "maximum completion length in tokens", bounds=">= 1")
+    temperature: float = option(1.0, "sampling temperature", bounds="> 0")
     # -- reward and advantage
-    format_weight: float = option(0.5, "reward weight of the format part (<think>...</think> then the final answer)")
-    accuracy_weight: float = option(1.0, "reward weight of the accuracy part")
+    format_weight: float = option(0.5, "reward weight of the format part (<think>...</think> then the final answer)",
+                                  bounds=">= 0")
+    accuracy_weight: float = option(1.0, "reward weight of the accuracy part", bounds=">= 0")
     advantage: str = option("group_normalized", "advantage estimator: group_normalized (GRPO), mean_only (Dr.GRPO), batch_scaled")
     # -- objective and optimiser
     objective: str = option("grpo", "policy loss: grpo, dapo, gspo, gspo_token, dr_grpo")
     objective_args: dict = option({}, "keyword arguments of the policy loss, e.g. epsilon, epsilon_high, beta")
-    lr: float = option(5e-4, "AdamW learning rate (NOTES: 5e-4 for the tiny model; ~1e-6 for 7B models)")
-    warmup_steps: int = option(5, "linear learning-rate warmup steps")
-    weight_decay: float = option(0.0, "AdamW weight decay")
-    max_grad_norm: float = option(1.0, "gradient clipping norm")
+    lr: float = option(5e-4, "AdamW learning rate (NOTES: 5e-4 for the tiny model; ~1e-6 for 7B models)", bounds="> 0")
+    warmup_steps: int = option(5, "linear learning-rate warmup steps", bounds=">= 0")
+    weight_decay: float = option(0.0, "AdamW weight decay", bounds=">= 0")
+    max_grad_norm: float = option(1.0, "gradient clipping norm", bounds="> 0")
     updates_per_step: int = option(1, "optimiser updates per rollout batch: kept rollouts are split into PPO "
-                                   "mini-batches (EasyR1/verl: rollout batch / global batch; the paper uses 4)")
+                                   "mini-batches (EasyR1/verl: rollout batch / global batch; the paper uses 4)",
+                                   bounds=">= 1")
     minibatch_mode: str = option("equal_updates", "how pruning sizes mini-batches: 'equal_updates' (always "
                                  "updates_per_step mini-batches, smaller when pruned: the authors' script) or "
                                  "'fixed_size' (mini-batch = prompts_per_step*rollouts_per_prompt/updates_per_step "
                                  "rows, so a pruned step makes fewer updates)")
-    recompute_old_logprobs: bool = option(False, "recompute old log-probs with the training model on kept rollouts "
-                                             "(needed when the rollout engine's numerics differ, e.g. vLLM)")
+    recompute_old_logprobs: bool | None = option(None, "recompute old log-probs with the training model on kept "
+                                                 "rollouts; null/auto (default) = yes exactly when the rollout "
+                                                 "engine's numerics differ from the trainer's (vllm), no for hf")
     # -- FastRL
     sketch: str = option("lm_head", "gradient sketch: lm_head, logprob, tokens")
-    sketch_dim: int = option(256, "gradient sketch dimension")
-    sketch_top_k: int = option(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the sketch; "
-                               "0 = the whole vocabulary (exact, and cheapest for small vocabularies)")
+    sketch_dim: int = option(256, "gradient sketch dimension", bounds=">= 1")
+    sketch_top_k: int = option(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the "
+                               "sketch; 0 = the whole vocabulary (exact, and cheapest for small vocabularies; HF "
+                               "engine only: vLLM returns top-K log-probs)", bounds=">= 0")
     pruner: str = option("fastrl", "rollout pruner: none, dapo_filter, cppo, pods, fastrl_official, fastrl")
     pruner_args: dict = option({}, "keyword arguments of the pruner")
-    keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps")
-    min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts")
+    keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps", bounds="(0, 1]")
+    min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts", bounds=">= 1")
     budget: str = option("adaptive", "rollout budget controller: fixed, rollout_sa, adaptive")
     budget_args: dict = option({}, "keyword arguments of the budget controller")
     # -- evaluation and checkpoints
-    eval_every: int = option(10, "evaluate greedy accuracy on the test split every N steps (0 = never)")
-    eval_size: int = option(256, "test problems used per evaluation")
-    checkpoint_every: int = option(25, "save a resumable checkpoint every N steps (0 = only at the end)")
+    eval_every: int = option(10, "evaluate greedy accuracy on the test split every N steps (0 = never)", bounds=">= 0")
+    eval_size: int = option(256, "test problems used per evaluation", bounds=">= 1")
+    checkpoint_every: int = option(25, "save a resumable checkpoint every N steps (0 = only at the end)", bounds=">= 0")
     log_rollouts: bool = option(True, "store every rollout's text and sketch (the dashboard's rollout and map pages)")
 
 
 def field_help() -> dict[str, str]:
-    return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
+    """Each key's help text, with its range when it has one."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        bounds = f.metadata.get("bounds")
+        out[f.name] = f.metadata.get("help", "") + (f"; must be {describe_bounds(bounds)}" if bounds else "")
+    return out
 
 
-def _coerce(value: Any, like: Any, key: str, source: str) -> Any:
-    """Check `value` against the type of the default `like` (ints are accepted for floats)."""
-    if isinstance(like, float) and isinstance(value, str):
+def describe_bounds(bounds: str) -> str:
+    """">= 1" -> ">= 1"; "(0, 1]" -> "in (0, 1]"."""
+    return f"in {bounds}" if bounds.lstrip()[:1] in "([" else bounds
+
+
+_BOUNDS = re.compile(r"^\s*(?:(>=|>|<=|<)\s*(\S+)|([(\[])\s*(\S+)\s*,\s*(\S+)\s*([)\]]))\s*$")
+
+
+def in_bounds(value: float, bounds: str) -> bool:
+    """Whether `value` lies in `bounds`: ">= a", "> a", "<= a", "< a", or an interval "(a, b]" / "[a, b)" / ..."""
+    match = _BOUNDS.match(bounds)
+    if match is None:
+        raise ValueError(f"bad bounds {bounds!r}")
+    if not math.isfinite(value):
+        return False
+    op, limit, left, low, high, right = match.groups()
+    if op is not None:
+        limit = float(limit)
+        return {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[op]
+    low, high = float(low), float(high)
+    return (value >= low if left == "[" else value > low) and (value <= high if right == "]" else value < high)
+
+
+def allowed_types(annotation: Any) -> tuple[type, ...] | None:
+    """The plain classes an annotation allows (`float | None` -> (float, NoneType)); None if it is not a plain
+    class or a union of them (then only the default's type is checked)."""
+    if annotation is None or annotation is type(None):
+        return (type(None),)
+    if isinstance(annotation, type) and annotation.__module__ == "builtins":
+        return (annotation,)
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        parts = [allowed_types(arg) for arg in typing.get_args(annotation)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)
+    origin = typing.get_origin(annotation)
+    if origin in (dict, list, tuple):
+        return (origin,)
+    return None
+
+
+def coerce(value: Any, allowed: tuple[type, ...], key: str, where: str) -> Any:
+    """`value` as one of the `allowed` types: ints are accepted for floats, YAML-1.1 strings like "1e-3" for
+    floats, numbers for strings, "auto" for None; bools are never ints. Raises ConfigError naming `key`."""
+    if value == "auto" and type(None) in allowed and str not in allowed:
+        return None
+    if isinstance(value, str) and float in allowed and str not in allowed:
         try:
-            value = float(value)  # YAML 1.1 reads "1e-3" as a string
+            return float(value)  # YAML 1.1 reads "1e-3" as a string
         except ValueError:
             pass
-    if isinstance(like, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if isinstance(like, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if type(value) is not type(like):
-        raise ValueError(f"{source}: {key} expects {type(like).__name__}, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and float in allowed and int not in allowed:
+        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and str in allowed and len(allowed) == 1:
+        return str(value)
+    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+        raise ConfigError(f"{where}{key} expects {names}, got {value!r}")
     return value
 
 
-def merge(values: dict, updates: dict, *, source: str) -> dict:
-    """Return a copy of `values` updated from `updates`; unknown keys and wrong types raise naming `source`."""
+def field_types() -> dict[str, tuple[type, ...]]:
+    """Allowed value types per TrainConfig key, from its annotation (read now: other modules may add fields)."""
+    hints, defaults = typing.get_type_hints(TrainConfig), TrainConfig()
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        allowed = allowed_types(hints.get(f.name))
+        out[f.name] = allowed if allowed is not None else (type(getattr(defaults, f.name)),)
+    return out
+
+
+def merge(values: dict, updates: dict, *, source: str, key_types: dict[str, tuple[type, ...]] | None = None,
+          sources: dict[str, str] | None = None) -> dict:
+    """Return a copy of `values` updated from `updates`; unknown keys and wrong types raise ConfigError naming
+    `source`. `key_types`: allowed types per key (default `field_types()`); `sources` (if given) records where
+    each updated key came from, for later error messages."""
+    key_types = field_types() if key_types is None else key_types
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in values.items()}
     for key, value in updates.items():
-        head, _, sub = key.partition(".")
+        head, _, sub = str(key).partition(".")
         if head not in out:
-            raise KeyError(f"{source}: unknown config key {head!r}; valid keys: {', '.join(sorted(out))}")
+            raise ConfigError(f"{source}: unknown config key {head!r}; valid keys: {', '.join(sorted(out))}")
         if sub:
             if not isinstance(out[head], dict):
-                raise KeyError(f"{source}: {head!r} has no sub-keys (got {key!r})")
+                raise ConfigError(f"{source}: {head!r} has no sub-keys (got {key!r})")
             out[head][sub] = value
         elif isinstance(out[head], dict):
-            out[head] = dict(_coerce(value, out[head], key, source))
+            out[head] = dict(coerce(value, (dict,), key, f"{source}: "))
         else:
-            out[head] = _coerce(value, out[head], key, source)
+            out[head] = coerce(value, key_types.get(head, (type(out[head]),)), key, f"{source}: ")
+        if sources is not None:
+            sources[head] = source
     return out
 
 
@@ -130,18 +215,36 @@ def parse_overrides(overrides: list[str]) -> dict:
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"command line: override {item!r} is not key=value")
-        parsed[key] = yaml.safe_load(text) if text else ""
+            raise ConfigError(f"command line: override {item!r} is not key=value")
+        try:
+            parsed[key] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError as error:
+            raise ConfigError(f"command line: {key}: value {text!r} is not valid YAML "
+                              f"({str(error).splitlines()[0]})") from None
     return parsed
 
 
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
+    return loaded
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-    """Defaults <- YAML file <- `key=value` overrides."""
+    """Defaults <- YAML file <- `key=value` overrides, then checked and resolved by `fastrl_core.checks.check_config`
+    (every name, sub-key, type and range, and the engine / sketch combination) before anything loads."""
+    from fastrl_core.checks import check_config
+
     values = dataclasses.asdict(TrainConfig())
+    key_types, sources = field_types(), {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
-        values = merge(values, loaded, source=str(path))
-    values = merge(values, parse_overrides(list(overrides)), source="command line")
-    return TrainConfig(**values)
+        values = merge(values, _read_yaml(Path(path)), source=str(path), key_types=key_types, sources=sources)
+    values = merge(values, parse_overrides(list(overrides)), source="command line", key_types=key_types,
+                   sources=sources)
+    return check_config(TrainConfig(**values), sources=sources)

@@ -3,6 +3,13 @@
 Scored by the same reward functions as training (`fastrl_core.rewards.score_completions` with the template's answer
 style): `accuracy` = mean accuracy reward, `format_rate` = mean format reward, `per_kind` = accuracy per
 `Problem.kind`.
+
+Which engine decodes: `evaluate_with(engine, ...)` uses the one given. The trainer passes its own (`Trainer.evaluate`),
+so a run is evaluated by the engine kind it samples with, at its `max_new_tokens` and template: on a GPU a vLLM run
+evaluates with vLLM's fast greedy decoding (synced to the policy after every update), and the HF engine never has to
+decode a long test split there. Two runs on different engines are compared on each engine's own greedy decoding
+(equal up to argmax ties flipped by numerics, e.g. bf16 kernels). `evaluate(policy, ...)` builds an `HFEngine` with
+its `max_new_tokens` / `temperature` (the CLI's `fastrl eval`).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.policy import Policy
 
@@ -28,28 +36,48 @@ def evaluate(
     generator: torch.Generator | None = None,
     progress: bool = True,
 ) -> dict:
-    """{accuracy, format_rate, n, per_kind, completions} over `problems`; `temperature=None` (or 0) decodes greedily,
-    otherwise one completion per problem is sampled at that temperature from `generator`."""
+    """{accuracy, format_rate, n, per_kind, completions} over `problems` with an `HFEngine` on `policy` generating up
+    to `max_new_tokens`; `temperature=None` (or 0) decodes greedily, otherwise one completion per problem is sampled
+    at that temperature from `generator`."""
+    engine = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature or 1.0)
+    return evaluate_with(engine, policy, problems, template=template, batch_size=batch_size, sample=bool(temperature),
+                         generator=generator, progress=progress)
+
+
+def evaluate_with(
+    engine: Engine,
+    policy: Policy,
+    problems: Sequence,
+    *,
+    template: str,
+    batch_size: int = 64,
+    sample: bool = False,
+    generator: torch.Generator | None = None,
+    progress: bool = True,
+) -> dict:
+    """{accuracy, format_rate, n, per_kind, completions} over `problems` decoded by `engine` (its own
+    max_new_tokens and temperature): `engine.greedy`, or with `sample` one `engine.generate` completion per problem
+    from `generator`. `policy.model` is put in eval mode meanwhile; `template` gives the answer style scored."""
     from fastrl_core.data.templates import answer_style
     from fastrl_core.rewards import score_completions
 
     if not problems:
         raise ValueError("evaluate: no problems")
-    greedy = not temperature  # None or 0: argmax decoding
-    engine = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature or 1.0)
     was_training = policy.model.training
     policy.model.eval()
     completions: list[str] = []
-    label = "eval greedy" if greedy else f"eval T={temperature:g}"
-    with tqdm(total=len(problems), desc=label, unit="problem", disable=not progress, leave=False) as bar:
-        for start in range(0, len(problems), batch_size):
-            chunk = list(problems[start : start + batch_size])
-            if greedy:
-                completions += engine.greedy(chunk, batch_size=batch_size)
-            else:
-                completions += engine.generate(chunk, [1] * len(chunk), generator=generator).completion_text
-            bar.update(len(chunk))
-    policy.model.train(was_training)
+    label = "eval sampled" if sample else "eval greedy"
+    try:
+        with tqdm(total=len(problems), desc=label, unit="problem", disable=not progress, leave=False) as bar:
+            for start in range(0, len(problems), batch_size):
+                chunk = list(problems[start : start + batch_size])
+                if sample:
+                    completions += engine.generate(chunk, [1] * len(chunk), generator=generator).completion_text
+                else:
+                    completions += engine.greedy(chunk, batch_size=batch_size)
+                bar.update(len(chunk))
+    finally:
+        policy.model.train(was_training)
     parts = score_completions(completions, list(problems), style=answer_style(template))
     by_kind: dict[str, list[float]] = defaultdict(list)
     for problem, part in zip(problems, parts):

@@ -66,7 +66,8 @@ TINY_IMAGE_PIXELS = 112 * 112
 
 @dataclass
 class Policy:
-    """A VLM with its processor. `suppress_token_ids`: vision special tokens never to sample."""
+    """A VLM with its processor. `suppress_token_ids`: token ids never to sample (vision special tokens, and
+    output rows the tokenizer cannot decode: `never_sampled_token_ids`)."""
 
     model: transformers.PreTrainedModel
     processor: Any
@@ -185,6 +186,77 @@ def build_tiny_vlm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> Qwen
     return model.eval()
 
 
+@dataclass(frozen=True)
+class Qwen25VLWidths:
+    """Sizes of a Qwen2.5-VL built from config by `build_qwen25vl` (patch 14, merge 2, windows of 112 pixels,
+    the last vision block full attention). mRoPE's (temporal, height, width) split of head_dim / 2 is Qwen's
+    1/4, 3/8, 3/8 (head_dim 128 -> [16, 24, 24]). `vocab_size` may exceed the tokenizer: the real models' 151,936
+    unembedding rows pad a 151,665-entry tokenizer; here they pad the shipped ~1k-entry one."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    vision_depth: int
+    vision_hidden_size: int
+    vision_intermediate_size: int
+    vision_heads: int
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 4096
+
+
+# Qwen2.5-VL-3B-Instruct's config.json widths (36 text layers, 32 vision blocks there) with 2 text layers and one
+# vision block: the width and the vocabulary of what users train, at a depth a CPU can step.
+QWEN25VL_3B_TWO_LAYERS = Qwen25VLWidths(
+    hidden_size=2048, intermediate_size=11008, num_layers=2, num_heads=16, num_kv_heads=2, vocab_size=151_936,
+    tie_word_embeddings=True, vision_depth=1, vision_hidden_size=1280, vision_intermediate_size=3420, vision_heads=16)
+
+
+def build_qwen25vl(widths: Qwen25VLWidths, *, seed: int = 0, device: str | torch.device = "cpu") -> Policy:
+    """A randomly initialised Qwen2.5-VL of `widths` (float32, eval mode) with the shipped warm start's tokenizer
+    and images-only processor (`data/warmstart/`); save it with `save_policy` and train it with
+    `fastrl train ... model=<path>`. Weights deterministic by `seed` (the caller's RNG is left alone);
+    `device="meta"` builds the shapes without memory."""
+    head_dim, remainder = divmod(widths.hidden_size, widths.num_heads)
+    if remainder or head_dim % 16:
+        raise ValueError(f"Qwen25VLWidths: hidden_size {widths.hidden_size} / num_heads {widths.num_heads} must be "
+                         "a whole head_dim divisible by 16 (mRoPE splits head_dim / 2 as 1/4, 3/8, 3/8)")
+    processor = _load_processor(EMBEDDED_DIR)
+    processor.tokenizer.padding_side = "left"
+    tokenizer = processor.tokenizer
+    if widths.vocab_size < len(tokenizer):
+        raise ValueError(f"Qwen25VLWidths: vocab_size {widths.vocab_size} is below the tokenizer's {len(tokenizer)}")
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    half = head_dim // 2
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=widths.vocab_size, hidden_size=widths.hidden_size, intermediate_size=widths.intermediate_size,
+            num_hidden_layers=widths.num_layers, num_attention_heads=widths.num_heads,
+            num_key_value_heads=widths.num_kv_heads, max_position_embeddings=widths.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": widths.rope_theta,
+                             "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]},
+            bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN],
+            tie_word_embeddings=widths.tie_word_embeddings),
+        vision_config=dict(
+            depth=widths.vision_depth, hidden_size=widths.vision_hidden_size,
+            intermediate_size=widths.vision_intermediate_size, num_heads=widths.vision_heads, patch_size=14,
+            spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+            fullatt_block_indexes=[widths.vision_depth - 1], out_hidden_size=widths.hidden_size, tokens_per_second=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=widths.tie_word_embeddings,
+    )
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        setattr(model.generation_config, key, getattr(config.text_config, key))
+    return Policy(model.eval(), processor, never_sampled_token_ids(tokenizer, model.config))
+
+
 def build_tiny_policy(corpus: Iterable[str], *, vocab_size: int = 1024, seed: int = 0) -> Policy:
     """Tokenizer trained on `corpus` + randomly initialised tiny Qwen2.5-VL + images-only processor."""
     tokenizer = build_tokenizer(corpus, vocab_size)
@@ -226,6 +298,17 @@ def vision_token_ids(tokenizer, model_config) -> list[int]:
         if getattr(model_config, key, None) is not None:
             ids.add(int(getattr(model_config, key)))
     return sorted(ids)
+
+
+def never_sampled_token_ids(tokenizer, model_config) -> list[int]:
+    """`vision_token_ids` plus every output row the tokenizer has no entry for (ids >= len(tokenizer)).
+
+    Such rows exist in the real models (Qwen2.5-VL's 151,936 rows pad a 151,665-entry tokenizer) and in a model
+    built with a larger vocabulary than its tokenizer; they decode to nothing, so a rollout that sampled one would
+    be rewarded on a text that is not its tokens. A random 151,936-row model with the shipped 482-entry tokenizer
+    sampled them almost only (empty completions, all rewards 0, every group pruned), hence never sampled."""
+    vocab_size = int(model_config.get_text_config().vocab_size)
+    return sorted(set(vision_token_ids(tokenizer, model_config)) | set(range(len(tokenizer), vocab_size)))
 
 
 def _load_processor(path: str | Path):
@@ -298,7 +381,7 @@ def load_policy(
     processor = _load_processor(path)
     processor.tokenizer.padding_side = "left"
     network = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).to(device).eval()
-    return Policy(network, processor, vision_token_ids(processor.tokenizer, network.config))
+    return Policy(network, processor, never_sampled_token_ids(processor.tokenizer, network.config))
 
 
 def save_policy(policy: Policy, path: str | Path) -> None:

@@ -10,14 +10,18 @@ Each step (README "The algorithm"):
   7. logprob   -- reference (and, if asked, old) log-probs on KEPT rollouts only     (engines)
   8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts (algo.minibatches,
                   algo.objectives)
-  9. record    -- the step's rollouts, groups, decisions and timings to the store   (store)
+  9. record    -- the step's rollouts, groups, decisions and timings to the store   (store.step_rows)
  10. budget    -- the controller's new state from this step's kept counts           (algo.budgets)
 
 Departures from the authors' verl fork, on purpose: pruning acts per prompt group with a
 gradient-sketch DPP (`fastrl`) instead of a token-overlap rule (available as `fastrl_official`);
 with the HF engine the behaviour log-probs from generate are the old log-probs (they match a fresh
 forward to ~1e-6, NOTES §2), so the old pass is skipped for every method alike unless
-`recompute_old_logprobs` is set.
+`recompute_old_logprobs` is set (its default, auto, sets it for vLLM, whose numerics differ).
+
+The engine is any `engines.base.Engine`: the trainer syncs it (`sync_weights`) once at start, after a checkpoint is
+loaded, and after every update, so an engine holding its own weights (vLLM) always samples from the policy being
+trained. Evaluation decodes with the same engine (its template and `max_new_tokens`; see `evaluate`).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -38,31 +44,48 @@ from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
 from fastrl_core.algo.minibatches import minibatch_indices
 from fastrl_core.algo.objectives import policy_loss
-from fastrl_core.algo.pruners import GroupBatch, Reason, prune
+from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason, prune
 from fastrl_core.algo.sketches import make_projection, token_sketch
+from fastrl_core.checks import check_config, check_environment
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
-from fastrl_core.rewards import score_completions
-from fastrl_core.store import RunWriter, image_key
+from fastrl_core.engines.base import Engine
+from fastrl_core.engines.resolve import ENGINES, PROJECTED_SKETCHES, resolve_sketch
+from fastrl_core.rewards import RewardParts, score_completions
+from fastrl_core.store import RunWriter, StepResult, image_key, step_rows
+
+if TYPE_CHECKING:
+    from fastrl_core.algo.sketches import SketchProjection
+    from fastrl_core.policy import Policy
+
+    EngineFactory = Callable[[TrainConfig, Policy, SketchProjection | None], Engine]
 
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "update", "store")
-SKETCH_PRUNERS = {"fastrl"}  # pruners that read gradient sketches; others are not charged for computing them
 
 
 @dataclass
 class PhaseTimer:
-    """Seconds spent per phase within one step."""
+    """Wall-clock seconds and process CPU seconds spent per phase within one step.
+
+    CPU time is `time.process_time()`: the CPU time of every thread of this process, so torch's intra-op worker
+    threads are counted (`thread_time` would count only the calling thread and miss most of a 2-thread matmul).
+    Unlike wall-clock it does not grow while a neighbouring job holds the cores, though cache and memory-bandwidth
+    contention still inflate it a little; OpenMP workers spin-waiting after a parallel region also count (none at
+    threads=1). Other threads of the process (e.g. a dashboard in the same process) would count too.
+    """
 
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @contextmanager
     def phase(self, name: str):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.seconds[name] += time.perf_counter() - start
+            self.cpu_seconds[name] += time.process_time() - cpu_start
 
     @property
     def total(self) -> float:
@@ -101,52 +124,68 @@ def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
                               n_test=config.synthetic_test, seed=0, kinds=config.synthetic_kinds or None,
                               levels=config.synthetic_levels or None)
         return load_problems(root / config.train_split), load_problems(root / config.test_split)
-    return (load_problems(config.dataset, split=config.train_split),
-            load_problems(config.dataset, split=config.test_split))
+    return (load_problems(config.dataset, split=config.train_split, skip_bad=config.dataset_skip_bad),
+            load_problems(config.dataset, split=config.test_split, skip_bad=config.dataset_skip_bad))
 
 
-def make_engine(config: TrainConfig, policy, projection):
+def make_engine(config: TrainConfig, policy: Policy, projection: SketchProjection | None) -> Engine:
+    """The rollout engine `config.engine` on `policy`; `projection` is set exactly when the resolved sketch
+    (`resolve_sketch`) is computed while sampling (lm_head on HF, logprob on vLLM), and sketch_top_k goes to the
+    engine as given."""
     if config.engine == "hf":
         from fastrl_core.engines.hf import HFEngine
 
         return HFEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                         temperature=config.temperature, sketch_projection=projection,
-                        sketch_top_k=config.sketch_top_k or None)
+                        sketch_top_k=config.sketch_top_k or None)  # 0 = the whole vocabulary
     if config.engine == "vllm":
         from fastrl_core.engines.vllm import VLLMEngine
 
         return VLLMEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                           temperature=config.temperature, sketch_projection=projection,
-                          sketch_top_k=config.sketch_top_k or 20)
-    raise ValueError(f"unknown engine {config.engine!r}; choose 'hf' or 'vllm'")
+                          sketch_top_k=config.sketch_top_k)
+    raise ValueError(f"unknown engine {config.engine!r}; choose one of {sorted(ENGINES)}")
 
 
 class Trainer:
-    """Holds the run's state; `run()` executes the numbered steps until `config.steps` or the time limit."""
+    """Holds the run's state; `run()` executes the numbered steps until `config.steps` or the time limit.
 
-    def __init__(self, config: TrainConfig, *, resume: str | None = None, progress: bool = True) -> None:
-        from fastrl_core.evaluate import evaluate
+    `policy`: a ready policy instead of `load_policy(config.model)` (scripts/gpu_check.py builds one at real
+    widths); `engine_factory(config, policy, projection) -> Engine`: instead of `make_engine` (an engine with
+    arguments the config does not carry, or a test double). Subclasses may override `score` (step 3)."""
+
+    def __init__(self, config: TrainConfig, *, resume: str | None = None, progress: bool = True,
+                 policy: Policy | None = None, engine_factory: EngineFactory | None = None) -> None:
+        from fastrl_core.evaluate import evaluate_with
         from fastrl_core.policy import load_policy
 
-        self.config, self.progress, self._evaluate = config, progress, evaluate
+        config = check_config(config)  # also for a TrainConfig built in code; resolves the auto values
+        check_environment(config)
+        self.config, self.progress, self._evaluate = config, progress, evaluate_with
         torch.set_num_threads(config.threads)
         self.train_set, self.test_set = load_datasets(config)
         self.test_set = self.test_set[: config.eval_size]
         self.sampler = PromptSampler(len(self.train_set), config.prompts_per_step, config.seed)
-        self.policy = load_policy(config.model, device=config.device)
+        self.policy = policy if policy is not None else load_policy(config.model, device=config.device)
         model = self.policy.model
         self.beta = float(config.objective_args.get("beta", 0.0))
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if self.beta > 0 else None
         self.projection = None
-        if config.pruner in SKETCH_PRUNERS and config.sketch == "lm_head":
+        self.sketch_kind = resolve_sketch(config.engine, config.sketch, config.sketch_top_k, config.pruner)
+        if self.sketch_kind in PROJECTED_SKETCHES:
             out = model.get_output_embeddings().weight
+            # left on the CPU: each engine moves it to where it sketches (HF: beside its hidden states; vLLM: the
+            # CPU, from its Python outputs), so no engine meets a projection on another device
             self.projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim,
-                                              seed=config.seed).to(out.device)
-        self.engine = make_engine(config, self.policy, self.projection)
+                                              seed=config.seed)
+        self.engine: Engine = (engine_factory or make_engine)(config, self.policy, self.projection)
+        # max_length: dr_grpo's constant normaliser (aggregation seq_mean_token_sum_norm) is the generation limit,
+        # not each step's padded length (NOTES §7); the other aggregations ignore it
+        self.loss_args = {"max_length": config.max_new_tokens, **config.objective_args}
         self.answer_style = answer_style(config.template)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.budget_state = budget_init(config.budget, n=config.rollouts_per_prompt, **config.budget_args)
-        self.step, self.train_seconds, self._last_store_seconds = 0, 0.0, 0.0
+        self.step, self.train_seconds, self._last_store = 0, 0.0, (0.0, 0.0)
         self._images: dict[str, tuple[str, bytes]] = {}
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
@@ -156,6 +195,7 @@ class Trainer:
             self.writer = RunWriter.resume(config.store_dir, resume, from_step=self.step)
         else:
             self.writer = RunWriter(config.store_dir, name=config.run_name, config=asdict(config), **store_meta)
+        self.engine.sync_weights(model)  # an engine with its own weights starts from the (loaded) policy's
 
     # ---------------------------------------------------------------- one step
     def train_step(self) -> dict:
@@ -178,8 +218,7 @@ class Trainer:
 
         # 3. reward
         with timer.phase("reward"):
-            parts = score_completions(rollouts.completion_text, rollout_problems, style=self.answer_style,
-                                      format_weight=config.format_weight, accuracy_weight=config.accuracy_weight)
+            parts = self.score(rollouts.completion_text, rollout_problems)
             rewards = torch.tensor([p.overall for p in parts])
             accuracy = torch.tensor([p.accuracy for p in parts])
 
@@ -189,11 +228,11 @@ class Trainer:
         # 5. sketch
         with timer.phase("sketch"):
             sketches = rollouts.sketches
-            if config.pruner in SKETCH_PRUNERS and config.sketch == "tokens":
+            if self.sketch_kind == "tokens":
                 sketches = token_sketch(rollouts.completion_ids, rollouts.completion_mask, dim=config.sketch_dim,
                                         seed=config.seed)
             token_ids = None
-            if config.pruner == "fastrl_official":
+            if config.pruner in TOKEN_PRUNERS:
                 token_ids = tuple(ids[mask] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask))
 
         # 6. prune
@@ -224,14 +263,14 @@ class Trainer:
             if minibatches:
                 model.train()
             per_update = []
-            for rows in minibatches:  # rows index into `kept`; each update's loss is normalised over its own rows
-                index = kept[rows]
+            for batch_rows in minibatches:  # index into `kept`; each update's loss is normalised over its own rows
+                index = kept[batch_rows]
                 logprobs = self.engine.token_logprobs(model, problems, rollouts, index)
                 on = logprobs.device  # the loss runs where the model is
-                out = policy_loss(config.objective, logprobs, old_logprobs[rows].to(on), advantages[index].to(on),
+                out = policy_loss(config.objective, logprobs, old_logprobs[batch_rows].to(on), advantages[index].to(on),
                                   rollouts.completion_mask[index].to(on),
-                                  ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows].to(on),
-                                  rollout_weights=decision.weights[index].to(on), **config.objective_args)
+                                  ref_logprobs=None if ref_logprobs is None else ref_logprobs[batch_rows].to(on),
+                                  rollout_weights=decision.weights[index].to(on), **self.loss_args)
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -240,78 +279,62 @@ class Trainer:
             if per_update:  # unweighted mean over the step's mini-batches
                 metrics = {k: sum(u[k] for u in per_update) / len(per_update) for k in per_update[0]}
                 metrics["updates"] = len(per_update)
-            if self.engine_needs_sync:
-                self.engine.sync_weights(model)
+            self.engine.sync_weights(model)
 
         # 9. record
-        group_reward_mean, group_reward_std, sampled, kept_counts = _group_stats(
-            rewards, group_ids, decision.keep_mask, len(problems))
         self.train_seconds += timer.total
-        row = {
-            "step": step, "rollouts_sampled": len(rewards), "rollouts_kept": len(kept),
-            "rollouts_per_prompt": len(rewards) / len(problems), "reward_mean": rewards.mean().item(),
-            "accuracy": accuracy.mean().item(), "format_rate": sum(p.format for p in parts) / len(parts),
-            "zero_variance_groups": int((group_reward_std == 0).sum()), "lr": self.optimizer.param_groups[0]["lr"],
-            "epoch_end": epoch_end, **metrics,
-        }
-        # a step's own write cannot be in its own row: time_store is the previous step's write
-        timer.seconds["store"] = self._last_store_seconds
-        start = time.perf_counter()
-        self._record(row, timer, problems, rollouts, rollout_problems, parts, advantages, decision, sketches,
-                     group_reward_mean, group_reward_std, sampled, kept_counts)
-        self._last_store_seconds = time.perf_counter() - start
-        self.train_seconds += self._last_store_seconds
+        # a step's own write cannot be in its own row: time_store / cpu_store are the previous step's write
+        timer.seconds["store"], timer.cpu_seconds["store"] = self._last_store
+        store_timer = PhaseTimer()
+        with store_timer.phase("store"):
+            image_refs, images = self._image_refs(problems)
+            rows = step_rows(StepResult(
+                step=step, prompt_ids=prompt_ids, questions=[p.question for p in problems],
+                answers=[p.answer for p in problems], image_refs=image_refs, images=images, group_index=group_ids,
+                completions=rollouts.completion_text, lengths=rollouts.completion_mask.sum(1), rewards=rewards,
+                advantages=advantages, keep_mask=decision.keep_mask,
+                reasons=[Reason(r).name for r in decision.reasons.tolist()], scores=decision.scores,
+                weights=decision.weights, sketches=sketches, format_rewards=[p.format for p in parts],
+                accuracy_rewards=accuracy.tolist(), seconds=timer.seconds, cpu_seconds=timer.cpu_seconds,
+                metrics={"lr": self.optimizer.param_groups[0]["lr"], "epoch_end": epoch_end, **metrics},
+                wall_time=self.train_seconds), log_rollouts=config.log_rollouts)
+            rows.write_to(self.writer)
+        self._last_store = (store_timer.seconds["store"], store_timer.cpu_seconds["store"])
+        self.train_seconds += store_timer.seconds["store"]
 
         # 10. budget: new state from this step's pruning decisions
+        stats = rows.stats
+        sampled = torch.from_numpy(stats.sampled)
         self.budget_state = budget_update(config.budget, self.budget_state, StepOutcome(
-            prompt_ids=tuple(prompt_ids), sampled=sampled, kept=kept_counts, reward_mean=group_reward_mean,
-            reward_std=group_reward_std, step=step, total_steps=config.steps, epoch_end=epoch_end))
+            prompt_ids=tuple(prompt_ids), sampled=sampled, kept=torch.from_numpy(stats.kept),
+            reward_mean=torch.from_numpy(stats.reward_mean).float(),
+            reward_std=torch.from_numpy(stats.reward_std).float(), step=step, total_steps=config.steps,
+            epoch_end=epoch_end,
+            accuracy_mean=torch.zeros(len(problems)).index_add_(0, group_ids, accuracy.float()) / sampled.clamp(min=1)))
         self.step += 1
-        return row
+        return {"step": step, **rows.step_row}
 
-    @property
-    def engine_needs_sync(self) -> bool:
-        return hasattr(self.engine, "sync_weights")
+    def score(self, completions: list[str], problems: list[Problem]) -> list[RewardParts]:
+        """Step 3: the reward parts of each completion of its problem (format + accuracy, fastrl_core.rewards)."""
+        return score_completions(completions, problems, style=self.answer_style,
+                                 format_weight=self.config.format_weight, accuracy_weight=self.config.accuracy_weight)
 
-    def _record(self, row, timer, problems, rollouts, rollout_problems, parts, advantages, decision, sketches,
-                group_reward_mean, group_reward_std, sampled, kept_counts) -> None:
-        images = {}
-        refs = []
+    def _image_refs(self, problems: list[Problem]) -> tuple[list[str | None], dict[str, bytes]]:
+        """Each problem's image key, and the PNGs this trainer has not handed to the store before."""
+        refs, new = [], {}
         for problem in problems:
             if problem.id not in self._images:
                 data = problem.image_path.read_bytes() if problem.image_path else None
                 self._images[problem.id] = (image_key(data) if data else None, data)
                 if data:
-                    images[self._images[problem.id][0]] = data
+                    new[self._images[problem.id][0]] = data
             refs.append(self._images[problem.id][0])
-        groups = [
-            {"prompt_id": p.id, "reward_mean": float(group_reward_mean[g]), "reward_std": float(group_reward_std[g]),
-             "sampled": int(sampled[g]), "kept": int(kept_counts[g])}
-            for g, p in enumerate(problems)
-        ]
-        rows = []
-        if self.config.log_rollouts:  # plain lists first: indexing a tensor once per value is slow
-            lengths = rollouts.completion_mask.sum(1).tolist()
-            sketch_rows = sketches.detach().float().cpu().numpy() if sketches is not None else None  # rows: views
-            prompt_index, advantage = rollouts.prompt_index.tolist(), advantages.tolist()
-            kept, score, weight = decision.keep_mask.tolist(), decision.scores.tolist(), decision.weights.tolist()
-            reasons = [Reason(r).name for r in decision.reasons.tolist()]
-            for i, problem in enumerate(rollout_problems):
-                rows.append({
-                    "rollout_id": f"{row['step']}-{i}", "prompt_id": problem.id, "image_ref": refs[prompt_index[i]],
-                    "question": problem.question, "answer": problem.answer, "completion": rollouts.completion_text[i],
-                    "reward": parts[i].overall, "format_reward": parts[i].format, "accuracy_reward": parts[i].accuracy,
-                    "advantage": advantage[i], "kept": kept[i], "reason": reasons[i], "score": score[i],
-                    "weight": weight[i], "length": lengths[i],
-                    "sketch": sketch_rows[i] if sketch_rows is not None else None,
-                })
-        step_row = {**row, "wall_time": self.train_seconds,
-                    **{f"time_{name}": seconds for name, seconds in timer.seconds.items()}}
-        self.writer.write_step(row["step"], step_row=step_row, groups=groups, rollouts=rows, images=images)
+        return refs, new
 
     # ---------------------------------------------------------------- loop
     def evaluate(self) -> dict:
-        result = self._evaluate(self.policy, self.test_set, template=self.config.template)
+        result = self._evaluate(self.engine, self.policy, self.test_set, template=self.config.template,
+                                progress=self.progress)
         self.writer.write_eval(self.step, self.config.test_split, result["accuracy"], result["n"],
                                format_rate=result["format_rate"], wall_time=self.train_seconds)
         return result
@@ -378,18 +401,6 @@ class Trainer:
         self.step, self.train_seconds = state["step"], state["train_seconds"]
         random.setstate(state["python_random"])
         self.budget_state = json.loads((path / "budget.json").read_text())
-
-
-def _group_stats(rewards, group_ids, keep_mask, num_groups):
-    """Per-prompt reward mean, std (population), rollouts sampled and kept; group_ids are 0..G-1."""
-    sampled = torch.bincount(group_ids, minlength=num_groups)
-    kept = torch.bincount(group_ids[keep_mask], minlength=num_groups)
-    total = torch.zeros(num_groups).index_add_(0, group_ids, rewards)
-    mean = total / sampled.clamp(min=1)
-    sq = torch.zeros(num_groups).index_add_(0, group_ids, (rewards - mean[group_ids]) ** 2)
-    std = (sq / sampled.clamp(min=1)).sqrt()
-    std = torch.where(std < 1e-9, torch.zeros_like(std), std)
-    return mean, std, sampled, kept
 
 
 def train(config: TrainConfig, *, resume: str | None = None, progress: bool = True) -> str:

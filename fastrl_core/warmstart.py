@@ -30,8 +30,9 @@ from pathlib import Path
 import torch
 
 from fastrl_core.config import option
+from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
-from fastrl_core.evaluate import evaluate
+from fastrl_core.evaluate import evaluate_with
 from fastrl_core.policy import EOS_TOKEN, Policy, build_tiny_policy, save_policy
 
 THINK = "I look at the figure."
@@ -102,14 +103,13 @@ def encode_targets(policy: Policy, problems, answer_style: str) -> tuple[torch.T
 
 
 def reward_variance_fraction(
-    policy: Policy, problems, *, template: str, prompts: int = 16, rollouts: int = 8, seed: int = 0
+    engine: Engine, problems, *, template: str, prompts: int = 16, rollouts: int = 8, seed: int = 0
 ) -> float:
-    """Fraction of `prompts` groups of `rollouts` samples at T=1 whose rewards are not all equal."""
+    """Fraction of `prompts` groups of `rollouts` samples from `engine` whose rewards are not all equal."""
     from fastrl_core.data.templates import answer_style
     from fastrl_core.rewards import score_completions
 
     chosen = list(problems[:prompts])
-    engine = HFEngine(policy, template=template)
     out = engine.generate(chosen, [rollouts] * len(chosen), generator=torch.Generator().manual_seed(seed))
     parts = score_completions(
         out.completion_text, [chosen[i] for i in out.prompt_index.tolist()], style=answer_style(template)
@@ -151,7 +151,8 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
     style = answer_style(args.template)
     policy = build_tiny_policy(tokenizer_corpus(train, TEMPLATES), vocab_size=args.vocab_size, seed=args.seed)
     model = policy.model
-    engine = HFEngine(policy, template=args.template)
+    # one engine (T = 1, max_new_tokens) for the SFT forward, both evaluations and the reward-variance figure
+    engine = HFEngine(policy, template=args.template, max_new_tokens=args.max_new_tokens, temperature=1.0)
     target_ids, target_mask = encode_targets(policy, train, style)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(args.seed)
@@ -162,11 +163,9 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
     above_band = 0
 
     def evaluate_now(step: int) -> dict:
-        greedy = evaluate(policy, test, template=args.template, max_new_tokens=args.max_new_tokens,
-                          progress=False)
-        sampled = evaluate(policy, test, template=args.template, max_new_tokens=args.max_new_tokens,
-                           temperature=1.0, generator=torch.Generator().manual_seed(args.seed + step),
-                           progress=False)
+        greedy = evaluate_with(engine, policy, test, template=args.template, progress=False)
+        sampled = evaluate_with(engine, policy, test, template=args.template, sample=True,
+                                generator=torch.Generator().manual_seed(args.seed + step), progress=False)
         entry = {"step": step, "accuracy": greedy["accuracy"], "format_rate": greedy["format_rate"],
                  "sample_accuracy": sampled["accuracy"], "per_kind": greedy["per_kind"],
                  "sample_per_kind": sampled["per_kind"], "seconds": time.perf_counter() - started}
@@ -210,7 +209,7 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
     chosen, state = best
     model.load_state_dict(state)
     model.eval()
-    variance_fraction = reward_variance_fraction(policy, test, template=args.template, seed=args.seed)
+    variance_fraction = reward_variance_fraction(engine, test, template=args.template, seed=args.seed)
     metadata = {
         "command": "python -m fastrl_core.warmstart " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in asdict(args).items()),

@@ -1,32 +1,39 @@
 #!/usr/bin/env python
-"""GPU check: vLLM rollouts, FastRL and GRPO steps, and the TRL plug-in on one GPU, in well under 10 minutes.
+"""GPU check: rollouts, GRPO and FastRL training steps (the trainer's own `Trainer.train_step`), and the TRL
+plug-in on one GPU, in well under 10 minutes.
 
 What it runs (no hub access needed; every model is built from a config with random weights):
   1. a Qwen2.5-VL at the real widths of Qwen2.5-VL-3B (text hidden 2048, MLP 11008, 16 heads / 2 KV heads,
      head_dim 128, mrope [16, 24, 24]; vision hidden 1280, 16 heads) with few layers (`--layers`, `--vision-depth`),
      a byte-level BPE tokenizer trained locally on the synthetic task (~1k tokens: the real 152k-entry unembedding
      is the one width NOT reproduced), and the synthetic geometry task's 112x112 diagrams;
-  2. rollout throughput: one batch with the vLLM engine, and the same batch with HF `generate` for comparison;
-  3. `--steps` training steps of plain GRPO (pruner `none`) and of FastRL (pruner `fastrl`): generate (vLLM) ->
-     reward -> advantage -> prune -> old + reference log-prob passes on kept rows (HF, bf16) -> update -> weight
-     sync into vLLM; seconds per phase, kept fraction, and the gap between vLLM's and the trainer's log-probs.
-     Reward: the task's reward plus 0.1·(distinct words mod 3), since random weights earn no task reward and
-     all-zero rewards would leave FastRL nothing to keep (timings, not learning, are what this checks);
+  2. rollout throughput: one batch with the run's engine (`--engine`: vLLM when importable, else HF `generate` on
+     the GPU), and with vLLM also the same batch with HF `generate` for comparison;
+  3. `--steps` steps of plain GRPO (pruner `none`) and of FastRL (pruner `fastrl`), each from the same initial
+     weights, through `fastrl_core.trainer.Trainer.train_step` (generate -> reward -> advantage -> sketch -> prune
+     -> old + reference log-prob passes on kept rows -> update -> engine weight sync -> store): seconds per phase
+     (the engine is wrapped so CUDA is synchronised after each of its calls: GPU work is charged to the phase that
+     launched it), kept fraction, peak GPU memory per step, the seconds of the weight sync (part of `update`), and
+     the gap between the sampler's and the trainer's log-probs (old pass recomputed: `recompute_old_logprobs`).
+     Reward: the task's reward plus 0.1·(distinct words mod 3) (`CheckTrainer.score`), since random weights earn
+     no task reward and all-zero rewards would leave FastRL nothing to keep (timings, not learning, are checked);
   4. the TRL plug-in: `--steps` steps each of TRL's `GRPOTrainer` and `FastRLGRPOTrainer` on a text Qwen2 of the
-     same text widths (HF generation inside TRL; TRL 1.16 supports vLLM <= 0.31 for its own vLLM path).
+     same text widths (HF generation inside TRL); skipped when trl is not importable.
 It prints one table per part and a JSON summary (also written to `--out`).
 
-`--dry-run` runs the same code on CPU at tiny size with the HF engine in place of vLLM (what CI can run):
+`--dry-run` runs the same code on CPU at tiny size with the HF engine (what CI can run):
     python scripts/gpu_check.py --dry-run
-On a GPU machine with the `gpu` extra (docs/gpu.md):
+On a GPU machine (vLLM optional; without it the HF engine runs on the GPU):
     python scripts/gpu_check.py --out gpu_check.json
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
+import importlib.util
 import json
+import os
 import sys
 import tempfile
 import time
@@ -38,21 +45,30 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from fastrl_core.algo.advantages import compute_advantages  # noqa: E402
-from fastrl_core.algo.objectives import policy_loss  # noqa: E402
-from fastrl_core.algo.pruners import GroupBatch, prune  # noqa: E402
 from fastrl_core.algo.sketches import make_projection  # noqa: E402
+from fastrl_core.config import load_config  # noqa: E402
+from fastrl_core.trainer import Trainer, load_datasets  # noqa: E402
 
 TEMPLATE = "math"
+METHODS = (("grpo", "none"), ("fastrl", "fastrl"))  # (name, pruner)
 
 
 # ---------------------------------------------------------------------------------------------------- setup
-def load_task(cache: Path, n_train: int):
-    from fastrl_core.data.problems import load_problems
-    from fastrl_core.data.synthetic import ensure_dataset
-
-    root = ensure_dataset(cache, n_train=n_train, n_test=16, seed=0)
-    return load_problems(root / "train")
+def run_config(args, store: Path, *, pruner: str, engine: str, device: torch.device):
+    """The trainer's config of one method: GRPO loss with a KL term (beta 0.01, so the reference pass runs), a
+    fixed budget, the old pass recomputed by the trainer's forward for both engines (vLLM's numerics differ; the
+    same cost on HF keeps the two comparable), the sketch each engine computes (`engines.resolve`)."""
+    overrides = dict(
+        run_name=f"gpu-check-{pruner}", store_dir=str(store), seed=args.seed, threads=args.threads,
+        model="gpu-check", engine=engine, device=device.type, dataset="synthetic", template=TEMPLATE,
+        synthetic_train=max(64, args.prompts * args.steps), synthetic_test=16, steps=args.steps,
+        prompts_per_step=args.prompts, rollouts_per_prompt=args.rollouts, max_new_tokens=args.max_new_tokens,
+        objective="grpo", lr=args.lr, warmup_steps=1, recompute_old_logprobs=True,
+        sketch="logprob" if engine == "vllm" else "lm_head",
+        sketch_dim=256, sketch_top_k=args.top_k, pruner=pruner, keep_ratio=0.5, min_keep=2, budget="fixed",
+        eval_every=0, checkpoint_every=0, log_rollouts=True,
+    )
+    return load_config(None, [f"{k}={v}" for k, v in overrides.items()] + ["objective_args.beta=0.01"])
 
 
 def build_policy(problems, args):
@@ -104,23 +120,92 @@ def make_engine(policy, projection, args, *, kind: str):
                       enforce_eager=args.eager, dtype="bfloat16", max_model_len=1024, seed=args.seed)
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Clock:
     """Seconds per phase (CUDA synchronised, so GPU work is charged to the phase that launched it)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.seconds = device, defaultdict(float)
 
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     @contextmanager
     def phase(self, name: str):
-        self.sync()
+        synchronize(self.device)
         start = time.perf_counter()
         yield
-        self.sync()
+        synchronize(self.device)
         self.seconds[name] += time.perf_counter() - start
+
+
+class TimedEngine:
+    """An `Engine` that runs `engine` and synchronises CUDA after each call, so the trainer's phase timer charges
+    GPU work to the phase that launched it. Per step it also records the generated tokens, the seconds of
+    `sync_weights`, and the mean |log-prob gap| between the sampler's behaviour log-probs and the trainer's old
+    pass (the first no-grad `token_logprobs` on `model`)."""
+
+    def __init__(self, engine, model: torch.nn.Module, device: torch.device) -> None:
+        self.engine, self.model, self.device = engine, model, device
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens, self.sync_seconds, self.logprob_gap, self._behaviour = 0, 0.0, float("nan"), None
+
+    def generate(self, problems, rollouts_per_prompt, *, generator=None):
+        rollouts = self.engine.generate(problems, rollouts_per_prompt, generator=generator)
+        synchronize(self.device)
+        self.tokens = int(rollouts.completion_mask.sum())
+        self._behaviour = (rollouts.behaviour_logprobs, rollouts.completion_mask)
+        return rollouts
+
+    def token_logprobs(self, model, problems, rollouts, index):
+        logprobs = self.engine.token_logprobs(model, problems, rollouts, index)
+        synchronize(self.device)
+        if model is self.model and not torch.is_grad_enabled() and self._behaviour is not None:
+            behaviour, mask = (t[index].to(logprobs.device) for t in self._behaviour)
+            self.logprob_gap = float(((logprobs - behaviour).abs() * mask).sum() / mask.sum().clamp(min=1))
+            self._behaviour = None
+        return logprobs
+
+    def greedy(self, problems, *, batch_size: int = 64):
+        texts = self.engine.greedy(problems, batch_size=batch_size)
+        synchronize(self.device)
+        return texts
+
+    def sync_weights(self, model) -> None:
+        start = time.perf_counter()
+        self.engine.sync_weights(model)
+        synchronize(self.device)
+        self.sync_seconds += time.perf_counter() - start
+
+
+def engine_factory(shared, args, device: torch.device):
+    """The trainer's `engine_factory`: HF -> a fresh `HFEngine` per run (cheap); vLLM -> the one shared `LLM` (two
+    would not fit beside the trainer), whose sketch settings follow each run's projection (GRPO computes none)."""
+
+    def factory(config, policy, projection):
+        if shared is None:
+            from fastrl_core.trainer import make_engine as make_run_engine
+
+            engine = make_run_engine(config, policy, projection)
+        else:
+            engine = shared
+            engine.sketch_projection = projection
+            engine.sketch_top_k = config.sketch_top_k if projection is not None else 0
+        return TimedEngine(engine, policy.model, device)
+
+    return factory
+
+
+class CheckTrainer(Trainer):
+    """The trainer with a varied reward (module docstring, part 3)."""
+
+    def score(self, completions, problems):
+        parts = super().score(completions, problems)
+        return [dataclasses.replace(part, overall=part.overall + 0.1 * (len(set(text.split())) % 3))
+                for part, text in zip(parts, completions)]
 
 
 # ---------------------------------------------------------------------------------------------------- parts
@@ -136,62 +221,26 @@ def rollout_throughput(engine, problems, args, device) -> dict:
             "tokens_per_s": tokens / clock.seconds["generate"]}
 
 
-def train_steps(name: str, pruner: str, policy, engine, problems, args, device) -> list[dict]:
-    """`args.steps` steps of GRPO with `pruner`: the trainer's numbered steps, on `device`, timed per phase."""
-    from fastrl_core.data.templates import answer_style
-    from fastrl_core.rewards import score_completions
-
-    model = policy.model
-    reference = copy.deepcopy(model).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+def train_steps(name: str, trainer: Trainer, args, device: torch.device) -> list[dict]:
+    """`args.steps` calls of `trainer.train_step()`, one row each: the trainer's phase seconds (`t_<phase>`), kept
+    count, generated tokens, weight-sync seconds, sampler/trainer log-prob gap and peak GPU memory (MiB)."""
+    engine = trainer.engine
     rows = []
-    for step in range(args.steps):
-        clock = Clock(device)
-        batch = [problems[(step * args.prompts + i) % len(problems)] for i in range(args.prompts)]
-        with clock.phase("generate"):
-            model.eval()
-            rollouts = engine.generate(batch, [args.rollouts] * len(batch),
-                                       generator=torch.Generator().manual_seed(args.seed + step))
-        group_ids = rollouts.prompt_index
-        with clock.phase("reward"):
-            parts = score_completions(rollouts.completion_text, [batch[i] for i in group_ids.tolist()],
-                                      style=answer_style(TEMPLATE))
-            rewards = torch.tensor([p.overall + 0.1 * (len(set(text.split())) % 3)  # varied: see module doc
-                                    for p, text in zip(parts, rollouts.completion_text)])
-        with clock.phase("advantage"):
-            advantages = compute_advantages("group_normalized", rewards, group_ids)
-        with clock.phase("prune"):
-            decision = prune(pruner, GroupBatch(group_ids, rewards, advantages, rollouts.sketches),
-                             keep_ratio=0.5, min_keep=2, generator=torch.Generator().manual_seed(step))
-            kept = decision.keep_mask.nonzero().squeeze(1)
-        gap = loss = float("nan")  # stay NaN when every rollout was pruned (all advantages zero)
-        mask = rollouts.completion_mask[kept].to(device)
-        with clock.phase("logprob"), torch.no_grad():
-            if len(kept):
-                old = engine.token_logprobs(model, batch, rollouts, kept)  # the trainer's numerics, not the sampler's
-                behaviour = rollouts.behaviour_logprobs[kept].to(device)
-                gap = float(((old - behaviour).abs() * mask).sum() / mask.sum().clamp(min=1))
-                ref = engine.token_logprobs(reference, batch, rollouts, kept)
-        with clock.phase("update"):
-            if len(kept):
-                model.train()
-                logprobs = engine.token_logprobs(model, batch, rollouts, kept)
-                out = policy_loss("grpo", logprobs, old, advantages[kept].to(device), mask, ref_logprobs=ref,
-                                  rollout_weights=decision.weights[kept].to(device), beta=0.01)
-                optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                loss = out.loss.item()
-                model.eval()
-        with clock.phase("sync"):
-            if hasattr(engine, "sync_weights"):
-                engine.sync_weights(model)
-        tokens = int(rollouts.completion_mask.sum())
-        rows.append({"method": name, "step": step, "sampled": len(rollouts), "kept": len(kept),
-                     "tokens": tokens, "gen_tokens_per_s": tokens / max(clock.seconds["generate"], 1e-9),
-                     "logprob_gap": gap, "loss": loss, **{f"t_{k}": v for k, v in clock.seconds.items()},
-                     "t_total": sum(clock.seconds.values())})
+    for _ in range(args.steps):
+        engine.reset()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        row = trainer.train_step()
+        seconds = {key[len("time_"):]: value for key, value in row.items() if key.startswith("time_")}
+        rows.append({
+            "method": name, "step": row["step"], "sampled": row["rollouts_sampled"], "kept": row["rollouts_kept"],
+            "tokens": engine.tokens, "gen_tokens_per_s": engine.tokens / max(seconds["generate"], 1e-9),
+            "logprob_gap": engine.logprob_gap, "loss": row.get("loss", float("nan")),
+            **{f"t_{phase}": value for phase, value in seconds.items()}, "t_sync": engine.sync_seconds,
+            "t_total": sum(seconds.values()),
+            "peak_gpu_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        })
+    trainer.writer.finish()
     return rows
 
 
@@ -245,26 +294,45 @@ def trl_steps(policy, problems, args, device, workdir: Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, HF engine instead of vLLM")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, HF engine")
+    parser.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
+                        help="rollout engine: auto = vLLM when importable (never in a dry run), else HF")
     parser.add_argument("--steps", type=int, default=None, help="training steps per method (3; dry run 2)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per step (32; dry run 2)")
     parser.add_argument("--rollouts", type=int, default=None, help="rollouts per prompt (8; dry run 4)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="completion length (128; dry run 8)")
     parser.add_argument("--layers", type=int, default=4, help="text decoder layers at real width")
     parser.add_argument("--vision-depth", type=int, default=4, help="vision blocks at real width")
-    parser.add_argument("--top-k", type=int, default=20, help="top-K log-probs for the logprob sketch")
+    parser.add_argument("--top-k", type=int, default=20, help="top-K log-probs for the sketch")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="vLLM's share of the GPU")
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
     parser.add_argument("--skip-trl", action="store_true", help="skip the TRL plug-in part")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (up to 8 cores; dry run 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON summary here")
     args = parser.parse_args(argv)
-    defaults = dict(steps=(2, 3), prompts=(2, 32), rollouts=(4, 8), max_new_tokens=(8, 128))
+    defaults = dict(steps=(2, 3), prompts=(2, 32), rollouts=(4, 8), max_new_tokens=(8, 128),
+                    threads=(1, min(8, os.cpu_count() or 1)))
     for key, (dry, real) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, dry if args.dry_run else real)
+    if args.dry_run and args.engine == "vllm":
+        parser.error("--dry-run runs the HF engine on CPU; vLLM needs a GPU")
     return args
+
+
+def engine_kind(args) -> tuple[str, str | None]:
+    """(engine to use, why vLLM is not used or None)."""
+    if args.dry_run or args.engine == "hf":
+        return "hf", "dry run" if args.dry_run else "--engine hf"
+    if importlib.util.find_spec("vllm") is None:
+        if args.engine == "vllm":
+            from fastrl_core.engines.vllm import import_vllm
+
+            import_vllm()  # raises the install hint
+        return "hf", "vllm is not importable"
+    return "vllm", None
 
 
 def print_table(title: str, rows: list[dict]) -> None:
@@ -281,46 +349,55 @@ def print_table(title: str, rows: list[dict]) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.dry_run:
-        torch.set_num_threads(1)
         device = torch.device("cpu")
     else:
         if not torch.cuda.is_available():
             raise SystemExit("gpu_check: no CUDA device; run with --dry-run on CPU")
         device = torch.device("cuda")
+    torch.set_num_threads(args.threads)
+    kind, no_vllm = engine_kind(args)
     started = time.perf_counter()
     summary: dict = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-                     "dry_run": args.dry_run, "args": {k: str(v) for k, v in vars(args).items()}}
+                     "dry_run": args.dry_run, "engine": kind, "vllm_skipped": no_vllm,
+                     "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+                     "args": {k: str(v) for k, v in vars(args).items()}}
+    if no_vllm and not args.dry_run:
+        print(f"gpu_check: vLLM part skipped ({no_vllm}); the HF engine runs on {device}")
     with tempfile.TemporaryDirectory(prefix="fastrl-gpu-check-") as tmp:
         workdir = Path(tmp)
         clock = Clock(device)
+        configs = {name: run_config(args, workdir / "store", pruner=pruner, engine=kind, device=device)
+                   for name, pruner in METHODS}
         with clock.phase("setup"):
-            problems = load_task(workdir / "data", n_train=max(64, args.prompts * args.steps))
+            problems, _ = load_datasets(configs["grpo"])
             policy = build_policy(problems, args)
             policy.model.to(device)
             hidden = policy.model.get_output_embeddings().weight
             projection = make_projection(hidden.shape[0], hidden.shape[1], sketch_dim=256, seed=args.seed)
         summary["parameters_m"] = sum(p.numel() for p in policy.model.parameters()) / 1e6
         with clock.phase("engine"):
-            engine = make_engine(policy, projection, args, kind="hf" if args.dry_run else "vllm")
+            engine = make_engine(policy, projection, args, kind=kind)
         batch = problems[: args.prompts]
-        throughput = [{"engine": "hf" if args.dry_run else "vllm",
-                       **rollout_throughput(engine, batch, args, device)}]
-        if not args.dry_run:  # the same batch with HF generate, for comparison
+        throughput = [{"engine": kind, **rollout_throughput(engine, batch, args, device)}]
+        if kind == "vllm":  # the same batch with HF generate, for comparison
             hf = make_engine(policy, projection, args, kind="hf")
             throughput.append({"engine": "hf", **rollout_throughput(hf, batch, args, device)})
         print_table("rollout throughput (one batch after a warm-up)", throughput)
         steps = []
         initial = {key: value.clone() for key, value in policy.model.state_dict().items()}
-        for name, pruner in (("grpo", "none"), ("fastrl", "fastrl")):  # each method from the same weights
+        factory = engine_factory(engine if kind == "vllm" else None, args, device)
+        for name, _ in METHODS:  # each method from the same weights (the trainer syncs the engine at start)
             policy.model.load_state_dict(initial)
-            if hasattr(engine, "sync_weights"):
-                engine.sync_weights(policy.model)
-            steps += train_steps(name, pruner, policy, engine, problems, args, device)
-        print_table("training steps (seconds per phase)", steps)
-        trl_rows = [] if args.skip_trl else trl_steps(policy, problems, args, device, workdir)
-        print_table("TRL plug-in", trl_rows)
+            trainer = CheckTrainer(configs[name], policy=policy, engine_factory=factory, progress=False)
+            steps += train_steps(name, trainer, args, device)
+            del trainer
+        print_table("training steps (seconds per phase; t_sync is part of t_update)", steps)
+        trl_skipped = "--skip-trl" if args.skip_trl else ("trl is not importable"
+                                                           if importlib.util.find_spec("trl") is None else None)
+        trl_rows = [] if trl_skipped else trl_steps(policy, problems, args, device, workdir)
+        print_table("TRL plug-in" + (f" (skipped: {trl_skipped})" if trl_skipped else ""), trl_rows)
         summary.update(setup_s=clock.seconds["setup"], engine_s=clock.seconds["engine"], throughput=throughput,
-                       steps=steps, trl=trl_rows, total_s=time.perf_counter() - started)
+                       steps=steps, trl=trl_rows, trl_skipped=trl_skipped, total_s=time.perf_counter() - started)
     print(f"\ntotal {summary['total_s']:.1f} s on {summary['device']}")
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -1,4 +1,6 @@
-"""The command line: eval into the store, bench arguments, and `fastrl demo` (the README's main job) end to end."""
+"""The command line: eval into the store and `fastrl demo` (the README's main job) end to end.
+
+`fastrl bench` is tested in tests/test_bench.py."""
 
 import signal
 import socket
@@ -11,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from fastrl_core import store
-from fastrl_core.bench import METHODS, RunResult, baseline_of, summarise
 from fastrl_core.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,31 +28,55 @@ def test_eval_on_real_problems_writes_the_store(tmp_path, capsys):
     assert evals["n"].tolist() == [6] and 0.0 <= evals["accuracy"].iloc[0] <= 1.0
 
 
-def test_train_rejects_an_unknown_key_with_the_valid_names():
-    with pytest.raises(KeyError, match="unknown config key 'stepz'; valid keys"):
-        main(["train", str(REPO / "configs" / "embedded.yaml"), "stepz=3"])
+def test_train_rejects_an_unknown_key_with_the_valid_names(capsys):
+    assert main(["train", str(REPO / "configs" / "embedded.yaml"), "stepz=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastrl: error: command line: unknown config key 'stepz'; valid keys: accuracy_weight")
+    assert err.count("\n") == 1
 
 
-def test_bench_rejects_unknown_methods_and_pairs_each_with_its_baseline(capsys):
-    with pytest.raises(SystemExit):
-        main(["bench", "--methods", "grpo,nope"])
-    assert "unknown method" in capsys.readouterr().err
-    assert baseline_of("fastrl+gspo") == "grpo+gspo" and baseline_of("cppo") == "grpo"
-    assert all(baseline_of(m) in METHODS for m in METHODS)
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastrl_core.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
 
 
-def test_bench_speedup_compares_smoothed_times_to_the_same_target():
-    """GRPO's smoothed final accuracy (0.5+0.6+0.7)/3 = 0.6; its smoothed curve 0.4, 0.45, 0.5, 0.6 first reaches it
-    at its last evaluation (30 s). The other run's smoothed curve 0.4, 0.55, 0.6333 reaches 0.6 at 20 s (not at 10 s,
-    where its raw accuracy 0.7 already exceeds it) -> speedup 30/20 = 1.5; 200 steps in 20 s vs 30 s -> 1.5 per step."""
-    grpo = RunResult("grpo", "g", 30.0, 0.7, 0.7, 0.4, 10, 10, {}, [(0, 0.0, 0.4), (1, 10.0, 0.5), (2, 20.0, 0.6),
-                                                                     (3, 30.0, 0.7)])
-    fast = RunResult("fastrl", "f", 20.0, 0.7, 0.7, 0.4, 10, 5, {}, [(0, 0.0, 0.4), (1, 10.0, 0.7), (2, 20.0, 0.8)])
-    rows = {r["method"]: r for r in summarise([grpo, fast])}
-    assert rows["grpo"]["target_accuracy"] == pytest.approx(0.6)
-    assert rows["grpo"]["time_to_target"] == 30.0 and rows["fastrl"]["time_to_target"] == 20.0
-    assert rows["fastrl"]["speedup"] == pytest.approx(1.5)
-    assert rows["fastrl"]["step_time_ratio"] == pytest.approx(1.5)
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastrl: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_bad_config_name_fails_in_one_line_before_anything_loads(tmp_path):
+    from fastrl_core.algo.pruners import PRUNERS
+
+    store_dir = tmp_path / "store"
+    line = _one_error_line(_cli("train", "configs/embedded.yaml", "pruner=foo", f"store_dir={store_dir}"))
+    assert "pruner='foo' is unknown; valid: " + ", ".join(PRUNERS.names()) in line
+    assert not store_dir.exists()  # no synthetic data written, no run created: the check ran first
+    debug = _cli("train", "configs/embedded.yaml", "pruner=foo", f"store_dir={store_dir}", "--debug")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+    assert "ConfigError: command line: pruner=" in debug.stderr
+
+
+def test_a_bad_dataset_row_or_a_missing_file_fails_in_one_line(tmp_path):
+    import json
+
+    sample = REPO / "tests" / "data" / "geometry3k-sample"
+    rows = [json.loads(line) for line in (sample / "problems.jsonl").read_text().splitlines()][:20]
+    rows = [dict(row, image=str(sample / row["image"])) for row in rows]
+    rows[3]["image"] = "images/missing.png"
+    dataset = tmp_path / "bad"
+    dataset.mkdir()
+    (dataset / "problems.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    store_dir = tmp_path / "store"
+    line = _one_error_line(_cli("train", f"dataset={dataset}", f"store_dir={store_dir}", "prompts_per_step=4"))
+    assert f"{dataset / 'problems.jsonl'}: row 3 (id {rows[3]['id']!r}): image" in line and "not found" in line
+    assert not store_dir.exists()
+    assert "config file 'configs/nope.yaml' not found" in _one_error_line(_cli("train", "configs/nope.yaml"))
+    line = _one_error_line(_cli("eval", "--dataset", str(dataset), "--template", "latex", "--store", str(store_dir)))
+    assert "--template 'latex' is unknown; valid: math, r1v, short" in line
 
 
 def _free_port() -> int:
@@ -93,3 +118,19 @@ def test_demo_trains_both_runs_serves_the_app_and_stops_cleanly(tmp_path):
         time.sleep(0.5)
     else:
         pytest.fail("the app server outlived the demo")
+
+
+def test_eval_skip_bad_on_the_shipped_sample_counts_and_scores_the_good_rows(tmp_path, capsys):
+    import json
+
+    sample = REPO / "tests" / "data" / "geometry3k-sample"
+    rows = [dict(row, image=str(sample / row["image"]))
+            for row in map(json.loads, (sample / "problems.jsonl").read_text().splitlines())][:5]
+    rows.insert(2, dict(rows[0], id="broken", image="images/missing.png"))
+    dataset = tmp_path / "data"
+    dataset.mkdir()
+    (dataset / "problems.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["eval", "--dataset", str(dataset), "--store", str(tmp_path / "store"), "--batch-size", "5"]
+    assert main(args) == 2 and "row 2 (id 'broken')" in capsys.readouterr().err
+    assert main([*args, "--skip-bad"]) == 0
+    assert "n=5" in capsys.readouterr().out

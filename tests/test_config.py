@@ -1,6 +1,24 @@
+"""The config: defaults <- YAML <- overrides, and the check at load (names, *_args keys, types, ranges, the
+engine / sketch resolver, auto values, dataset_skip_bad). Every list of valid names here is read from the code's
+registries, so entries added elsewhere are covered without editing this file."""
+
+import dataclasses
+import inspect
+import json
+import re
+from pathlib import Path
+
 import pytest
 
-from fastrl_core.config import TrainConfig, load_config
+from fastrl_core.algo.pruners import PRUNERS, SKETCH_PRUNERS
+from fastrl_core.checks import ARGUMENT_KEYS, argument_parameters, check_config, check_environment, registry_names
+from fastrl_core.config import ConfigError, TrainConfig, describe_bounds, in_bounds, load_config
+from fastrl_core.data.problems import DataError
+from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "tests" / "data" / "geometry3k-sample"
+VLLM = ["engine=vllm", "device=cuda", "sketch=logprob", "sketch_top_k=20"]  # a vLLM config that loads
 
 
 def test_defaults_yaml_then_overrides(tmp_path):
@@ -16,22 +34,284 @@ def test_defaults_yaml_then_overrides(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "overrides, error, text",
+    "overrides, text",
     [
-        (["stepz=3"], KeyError, "unknown config key 'stepz'; valid keys: accuracy_weight"),
-        (["steps=abc"], ValueError, "steps expects int"),
-        (["lr"], ValueError, "not key=value"),
-        (["steps.x=1"], KeyError, "has no sub-keys"),
-        (["log_rollouts=3"], ValueError, "expects bool"),
+        (["stepz=3"], "unknown config key 'stepz'; valid keys: accuracy_weight"),
+        (["steps=abc"], "steps expects int, got 'abc'"),
+        (["lr"], "not key=value"),
+        (["steps.x=1"], "has no sub-keys"),
+        (["log_rollouts=3"], "expects bool"),
+        (["steps=true"], "steps expects int, got True"),
+        (["objective_args=3"], "objective_args expects dict"),
+        (["steps=[1"], "steps: value '[1' is not valid YAML"),
     ],
 )
-def test_bad_overrides_name_the_key(overrides, error, text):
-    with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):
+def test_bad_overrides_name_the_key(overrides, text):
+    with pytest.raises(ConfigError, match=text.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         load_config(None, overrides)
 
 
 def test_unknown_key_in_yaml_names_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("stepz: 1\n")
-    with pytest.raises(KeyError, match="bad.yaml: unknown config key 'stepz'"):
+    with pytest.raises(ConfigError, match="bad.yaml: unknown config key 'stepz'"):
         load_config(path)
+
+
+def test_a_bad_value_names_where_it_was_set(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("pruner: foo\n")
+    with pytest.raises(ConfigError, match=r"run\.yaml: pruner='foo'"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^command line: pruner='bar'"):
+        load_config(path, ["pruner=bar"])
+
+
+def test_missing_or_broken_config_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file .*nope.yaml' not found"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "broken.yaml").write_text("steps: [1\n")
+    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+        load_config(tmp_path / "broken.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+# ---- registry names -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", sorted(registry_names()))
+def test_every_registry_name_is_checked_at_load_naming_the_valid_ones(key):
+    valid = registry_names()[key]
+    assert valid and getattr(TrainConfig(), key) in valid
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"{key}=bogus"])
+    assert f"{key}='bogus' is unknown; valid: {', '.join(valid)}" in str(error.value)
+
+
+@pytest.mark.parametrize("key, name", [(key, name) for key, (name_key, _) in ARGUMENT_KEYS.items()
+                                       for name in registry_names()[name_key]])
+def test_every_args_key_is_checked_against_the_entrys_signature(key, name):
+    name_key = ARGUMENT_KEYS[key][0]
+    params, _ = argument_parameters(key, name)
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"{name_key}={name}", f"{key}.no_such_parameter=1"])
+    message = str(error.value)
+    assert f"{key}.no_such_parameter" in message and repr(name) in message
+    assert all(p in message for p in params)  # names every valid one
+    # every parameter at its own default loads (None defaults: "not set", skipped)
+    defaults = [f"{key}.{p}={json.dumps(param.default)}" for p, param in params.items()
+                if param.default is not inspect.Parameter.empty and param.default is not None]
+    config = load_config(None, [f"{name_key}={name}", *defaults])
+    assert set(getattr(config, key)) == {d.split("=")[0].split(".", 1)[1] for d in defaults}
+
+
+def test_args_exclude_what_the_trainer_passes_itself():
+    assert {"keep_ratio", "min_keep", "generator"}.isdisjoint(argument_parameters("pruner_args", "fastrl")[0])
+    assert "n" not in argument_parameters("budget_args", "adaptive")[0]  # that is rollouts_per_prompt
+    assert {"ref_logprobs", "rollout_weights"}.isdisjoint(argument_parameters("objective_args", "grpo")[0])
+    with pytest.raises(ConfigError, match="budget_args.n: budget controller 'adaptive' has no parameter 'n'"):
+        load_config(None, ["budget_args.n=4"])
+
+
+def test_args_values_are_type_checked_and_coerced():
+    config = load_config(None, ["pruner_args.alpha=1", "objective_args.epsilon_high=null"])
+    assert config.pruner_args == {"alpha": 1.0} and type(config.pruner_args["alpha"]) is float
+    assert config.objective_args == {"epsilon_high": None}
+    for override, text in [("pruner_args.alpha=x", "pruner_args.alpha expects float, got 'x'"),
+                           ("pruner_args.reweight=3", "pruner_args.reweight expects bool, got 3"),
+                           ("objective_args.max_length=1.5", "objective_args.max_length expects int or null"),
+                           ("budget_args.n_max=true", "budget_args.n_max expects int or null, got True")]:
+        with pytest.raises(ConfigError, match=text):
+            load_config(None, [override])
+
+
+@pytest.mark.parametrize("override, text", [
+    ("objective_args.epsilon=2", "need 0 <= epsilon < 1"),
+    ("objective_args.beta=-0.1", "beta must be >= 0"),
+    ("objective_args.aggregation=foo", "unknown aggregation 'foo'"),
+    ("budget_args.n_min=0", "n_min must be an integer >= 1"),
+    ("budget_args.memory=1.5", "memory out of range"),
+])
+def test_args_values_are_checked_by_the_code_that_uses_them(override, text):
+    with pytest.raises(ConfigError, match=text):
+        load_config(None, [override])
+
+
+def test_budget_values_are_checked_with_rollouts_per_prompt():
+    with pytest.raises(ConfigError, match="n_min <= n <= n_max"):
+        load_config(None, ["rollouts_per_prompt=8", "budget_args.n_max=4"])
+    with pytest.raises(ConfigError, match="rollout_sa"):
+        load_config(None, ["budget=rollout_sa", "rollouts_per_prompt=1"])  # RolloutSA's floor is 2
+
+
+def test_a_newly_registered_pruner_is_checked_without_editing_the_check():
+    @PRUNERS.register("test_only_pruner")
+    def test_only_pruner(batch, groups, *, keep_ratio, min_keep, generator, width: int = 3):
+        raise AssertionError("never run by the check")
+
+    try:
+        assert load_config(None, ["pruner=test_only_pruner", "pruner_args.width=5"]).pruner_args == {"width": 5}
+        with pytest.raises(ConfigError, match="has no parameter 'depth'; valid: width"):
+            load_config(None, ["pruner=test_only_pruner", "pruner_args.depth=5"])
+        with pytest.raises(ConfigError, match="width expects int"):
+            load_config(None, ["pruner=test_only_pruner", "pruner_args.width=wide"])
+    finally:
+        del PRUNERS._entries["test_only_pruner"]
+
+
+# ---- field ranges ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, key", [
+    ("keep_ratio=0", "keep_ratio"), ("keep_ratio=1.5", "keep_ratio"), ("min_keep=0", "min_keep"),
+    ("steps=0", "steps"), ("temperature=0", "temperature"), ("temperature=-1", "temperature"),
+    ("lr=.nan", "lr"), ("prompts_per_step=0", "prompts_per_step"), ("rollouts_per_prompt=0", "rollouts_per_prompt"),
+    ("max_new_tokens=0", "max_new_tokens"), ("sketch_dim=0", "sketch_dim"), ("sketch_top_k=-1", "sketch_top_k"),
+    ("threads=0", "threads"), ("eval_every=-1", "eval_every"),
+])
+def test_out_of_range_values_name_the_key_and_the_range(override, key):
+    bounds = {f.name: f.metadata["bounds"] for f in dataclasses.fields(TrainConfig)}[key]
+    expected = re.escape(describe_bounds(bounds))
+    with pytest.raises(ConfigError, match=rf"{key}=.* is out of range: it must be {expected}$"):
+        load_config(None, [override])
+
+
+def test_range_edges_are_accepted():
+    config = load_config(None, ["keep_ratio=1", "min_keep=1", "steps=1", "temperature=0.01", "eval_every=0"])
+    assert config.keep_ratio == 1.0 and config.min_keep == 1
+
+
+def test_every_default_and_every_shipped_config_passes_the_check():
+    for f in dataclasses.fields(TrainConfig):
+        bounds = f.metadata.get("bounds")
+        if bounds:
+            assert in_bounds(getattr(TrainConfig(), f.name), bounds), f.name
+    assert check_config(TrainConfig()) == load_config()
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+@pytest.mark.parametrize("value, bounds, inside", [
+    (1, ">= 1", True), (0, ">= 1", False), (0.0, "> 0", False), (1.0, "(0, 1]", True), (0.0, "(0, 1]", False),
+    (0.0, "[0, 1)", True), (1.0, "[0, 1)", False), (float("inf"), ">= 0", False), (-2, "<= -2", True),
+])
+def test_in_bounds(value, bounds, inside):
+    assert in_bounds(value, bounds) is inside
+
+
+def test_device_and_local_paths_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="device='gpu' is not a torch device; valid: cpu, cuda"):
+        load_config(None, ["device=gpu"])
+    with pytest.raises(ConfigError, match="dataset='.*missing': no such file or folder"):
+        load_config(None, [f"dataset={tmp_path / 'missing'}"])
+    with pytest.raises(ConfigError, match="model='./no/such/checkpoint': no such file or folder"):
+        load_config(None, ["model=./no/such/checkpoint"])
+    assert load_config(None, ["dataset=hiyouga/geometry3k", f"model={tmp_path}"]).dataset == "hiyouga/geometry3k"
+
+
+def test_a_config_built_in_code_is_checked_too():
+    with pytest.raises(ConfigError, match="pruner='foo' is unknown"):
+        check_config(TrainConfig(pruner="foo"))
+    with pytest.raises(ConfigError, match="keep_ratio=0"):
+        check_config(TrainConfig(keep_ratio=0.0))
+    config = check_config(TrainConfig())
+    assert check_config(config) == config  # idempotent
+
+
+# ---- engine / sketch resolver ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine, sketch, top_k, pruner, kind", [
+    ("hf", "lm_head", 64, "fastrl", "lm_head"),
+    ("hf", "lm_head", 0, "fastrl", "lm_head"),  # 0 = whole vocabulary, exact on HF
+    ("hf", "tokens", 0, "fastrl", "tokens"),
+    ("vllm", "logprob", 20, "fastrl", "logprob"),
+    ("vllm", "tokens", 0, "fastrl", "tokens"),  # model-free: no top-K needed
+    ("hf", "lm_head", 64, "cppo", None),  # cppo reads no sketch: none is computed
+    ("vllm", "lm_head", 0, "none", None),  # and then nothing about the sketch can be wrong
+    ("hf", "logprob", 64, "pods", None),
+])
+def test_resolve_sketch(engine, sketch, top_k, pruner, kind):
+    assert resolve_sketch(engine, sketch, top_k, pruner) == kind
+
+
+@pytest.mark.parametrize("engine, sketch, top_k, text", [
+    ("hf", "logprob", 64, "sketch='logprob' with engine='hf'"),  # was silently ignored: fastrl pruned unsketched
+    ("vllm", "lm_head", 20, "vLLM returns no hidden states"),
+    ("vllm", "logprob", 0, "sketch_top_k=0 with engine='vllm'"),  # was silently replaced by 20
+])
+def test_resolve_sketch_rejects_what_the_engine_cannot_do(engine, sketch, top_k, text):
+    with pytest.raises(UnsupportedSketch, match=text):
+        resolve_sketch(engine, sketch, top_k, "fastrl")
+    overrides = [f"engine={engine}", f"sketch={sketch}", f"sketch_top_k={top_k}", "pruner=fastrl"]
+    with pytest.raises(ConfigError, match=text):
+        load_config(None, overrides + ["device=cuda"] * (engine == "vllm"))
+
+
+def test_every_engine_can_serve_every_sketch_pruner():
+    for engine, spec in ENGINES.items():
+        assert spec.sketches <= set(registry_names()["sketch"])
+        for pruner in SKETCH_PRUNERS:
+            assert resolve_sketch(engine, sorted(spec.sketches)[0], 20, pruner) in spec.sketches
+    assert SKETCH_PRUNERS <= set(PRUNERS.names())
+
+
+def test_vllm_needs_cuda():
+    with pytest.raises(ConfigError, match="device='cpu' with engine='vllm': that engine needs device cuda"):
+        load_config(None, ["engine=vllm", "sketch=logprob"])
+    assert load_config(None, VLLM).engine == "vllm"
+
+
+def test_the_vllm_engine_does_not_replace_a_zero_top_k():
+    from fastrl_core.engines.vllm import VLLMEngine
+
+    with pytest.raises(ValueError, match="sketch_top_k >= 1, got 0"):  # raised before vLLM is even imported
+        VLLMEngine(None, sketch_projection=object(), sketch_top_k=0)
+
+
+# ---- resolved defaults -----------------------------------------------------------------------------------------
+
+def test_recompute_old_logprobs_auto_follows_the_engines_numerics():
+    assert TrainConfig().recompute_old_logprobs is None  # auto until checked
+    assert load_config().recompute_old_logprobs is False  # HF: behaviour log-probs are the trainer's own
+    assert load_config(None, VLLM).recompute_old_logprobs is True  # vLLM: README step 7
+    assert load_config(None, [*VLLM, "recompute_old_logprobs=auto"]).recompute_old_logprobs is True
+    assert load_config(None, [*VLLM, "recompute_old_logprobs=false"]).recompute_old_logprobs is False
+    assert load_config(None, ["recompute_old_logprobs=true"]).recompute_old_logprobs is True
+    assert resolve_recompute_old_logprobs("hf", None) is False and resolve_recompute_old_logprobs("vllm", None)
+
+
+def test_check_environment_names_what_this_machine_lacks():
+    import importlib.util
+
+    import torch
+
+    check_environment(load_config())
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match="engine='vllm': VLLMEngine needs vLLM"):
+            check_environment(load_config(None, VLLM))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            check_environment(load_config(None, ["device=cuda"]))
+
+
+# ---- dataset_skip_bad ------------------------------------------------------------------------------------------
+
+def _dataset_with_a_bad_row(root: Path) -> Path:
+    rows = [json.loads(line) for line in (SHIPPED / "problems.jsonl").read_text().splitlines()]
+    for split, part in (("train", rows[:10]), ("test", rows[10:14])):
+        part = [dict(row, image=str(SHIPPED / row["image"])) for row in part]
+        part[1]["image"] = "images/missing.png"
+        (root / split).mkdir(parents=True)
+        (root / split / "problems.jsonl").write_text("".join(json.dumps(row) + "\n" for row in part))
+    return root
+
+
+def test_dataset_skip_bad_reaches_the_training_loaders(tmp_path):
+    from fastrl_core.trainer import load_datasets
+
+    dataset = _dataset_with_a_bad_row(tmp_path / "data")
+    with pytest.raises(DataError, match=r"train/problems\.jsonl: row 1 \(id '.*'\): image .* not found"):
+        load_datasets(load_config(None, [f"dataset={dataset}"]))
+    train, test = load_datasets(load_config(None, [f"dataset={dataset}", "dataset_skip_bad=true"]))
+    assert (len(train), len(train.skipped), len(test), len(test.skipped)) == (9, 1, 3, 1)
+    assert train.skipped[0].startswith("row 1 (id ")

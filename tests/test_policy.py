@@ -116,3 +116,80 @@ def test_embedded_checkpoint_loads_and_answers_in_format(tmp_path):
     test = load_problems(write_dataset(tmp_path / "d", n_train=4, n_test=16, seed=11) / "test")
     texts = HFEngine(policy, template="math").greedy(test)
     assert sum(format_reward(t, "boxed") for t in texts) >= 0.9 * len(texts)
+
+
+# ---- Qwen2.5-VL at given widths (build_qwen25vl) ---------------------------------------------------------------
+def _text_layer(hidden: int, mlp: int, kv_width: int) -> int:
+    """Parameters of one Qwen2 decoder layer: q/k/v with biases, o without, gated MLP, two RMSNorms."""
+    return (hidden * hidden + hidden) + 2 * (hidden * kv_width + kv_width) + hidden * hidden + 3 * hidden * mlp \
+        + 2 * hidden
+
+
+def _vision_block(hidden: int, mlp: int) -> int:
+    """One Qwen2.5-VL vision block: fused qkv and proj with biases, gated MLP with biases, two RMSNorms."""
+    return (hidden * 3 * hidden + 3 * hidden) + (hidden * hidden + hidden) + 2 * (hidden * mlp + mlp) \
+        + (mlp * hidden + hidden) + 2 * hidden
+
+
+def test_qwen25vl_at_3b_widths_has_the_hand_counted_parameters_and_tied_embeddings():
+    from fastrl_core.policy import QWEN25VL_3B_TWO_LAYERS, build_qwen25vl
+
+    policy = build_qwen25vl(QWEN25VL_3B_TWO_LAYERS, device="meta")  # shapes only, no memory
+    model, text = policy.model, policy.model.config.text_config
+    assert (text.hidden_size, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads,
+            text.vocab_size) == (2048, 11008, 16, 2, 151_936)
+    assert text.rope_parameters["mrope_section"] == [16, 24, 24]  # Qwen2.5-VL's split of head_dim 128
+    assert model.lm_head.weight is model.model.language_model.embed_tokens.weight  # 3B ties them
+    embedding = 151_936 * 2048
+    text_params = embedding + 2 * _text_layer(2048, 11008, 2 * 128) + 2048  # + final norm; lm_head tied
+    merger = 1280 + (5120 * 5120 + 5120) + (5120 * 2048 + 2048)  # RMSNorm, then 2x2 patches (4 * 1280) -> 2048
+    vision_params = 3 * 2 * 14 * 14 * 1280 + _vision_block(1280, 3420) + merger  # patch embedding, 1 block
+    assert sum(p.numel() for p in model.model.visual.parameters()) == vision_params
+    assert sum(p.numel() for p in model.parameters()) == text_params + vision_params == 523_237_048
+    vision_ids = sorted(policy.tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS[3:])))
+    assert policy.suppress_token_ids == vision_ids + list(range(len(policy.tokenizer), 151_936))
+
+
+def test_build_qwen25vl_rejects_widths_it_cannot_build():
+    import dataclasses
+
+    from fastrl_core.policy import QWEN25VL_3B_TWO_LAYERS, build_qwen25vl
+
+    with pytest.raises(ValueError, match="divisible by 16"):
+        build_qwen25vl(dataclasses.replace(QWEN25VL_3B_TWO_LAYERS, num_heads=256), device="meta")  # head_dim 8
+    with pytest.raises(ValueError, match="below the tokenizer"):
+        build_qwen25vl(dataclasses.replace(QWEN25VL_3B_TWO_LAYERS, vocab_size=100), device="meta")
+
+
+SMALL_WIDE_VOCAB = dict(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2,
+                        vocab_size=4096, tie_word_embeddings=True, vision_depth=1, vision_hidden_size=32,
+                        vision_intermediate_size=64, vision_heads=2)
+
+
+def test_a_model_wider_than_its_tokenizer_saves_loads_and_never_samples_undecodable_ids(tmp_path, problems):
+    """4,096 output rows over the shipped 482-entry tokenizer: a random init puts ~88 % of its mass on rows that
+    decode to nothing; they are suppressed, so every sampled id decodes and completions are not empty."""
+    from fastrl_core.engines.hf import HFEngine
+    from fastrl_core.policy import Qwen25VLWidths, build_qwen25vl
+
+    built = build_qwen25vl(Qwen25VLWidths(**SMALL_WIDE_VOCAB), seed=1)
+    save_policy(built, tmp_path / "wide")
+    loaded = load_policy(tmp_path / "wide")
+    assert loaded.model.lm_head.weight is loaded.model.model.language_model.embed_tokens.weight
+    for name, tensor in built.model.state_dict().items():
+        torch.testing.assert_close(loaded.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    decodable = len(loaded.tokenizer)
+    assert loaded.suppress_token_ids == built.suppress_token_ids
+    assert set(range(decodable, 4096)) <= set(loaded.suppress_token_ids)
+    engine = HFEngine(loaded, max_new_tokens=12)
+    rollouts = engine.generate(problems[:2], [4, 4], generator=torch.Generator().manual_seed(0))
+    sampled = rollouts.completion_ids[rollouts.completion_mask.bool()]
+    assert sampled.numel() > 40 and int(sampled.max()) < decodable
+    assert all(text for text in rollouts.completion_text)
+    with torch.no_grad():  # the check above can fail: unsuppressed, most of the mass is on undecodable rows
+        prompts = engine.prompt_batch(problems[:2])
+        logits = loaded.model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
+                              mm_token_type_ids=prompts.mm_token_type_ids,
+                              pixel_values=torch.cat(prompts.pixel_values),
+                              image_grid_thw=prompts.image_grid_thw).logits[:, -1]
+    assert (logits.softmax(-1)[:, decodable:].sum(-1) > 0.5).all()

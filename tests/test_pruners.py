@@ -403,4 +403,4 @@ def test_bad_input_names_the_problem():
 
 
 def test_registry_lists_every_pruner():
-    assert PRUNERS.names() == sorted(NAMES)
+    assert PRUNERS.names() == sorted(NAMES + ["advantage_only", "fastrl_paper", "random"])  # test_baseline_pruners

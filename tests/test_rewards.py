@@ -22,9 +22,11 @@ from fastrl_core.rewards import (
     values_equal,
 )
 
-SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "geo-real-sample"
-if not SAMPLE.is_dir():
-    SAMPLE = Path("/work/shared/data/geo-real-sample")
+SHIPPED = Path(__file__).resolve().parent / "data" / "geometry3k-sample"  # 40 Geometry3K problems (MIT), always here
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "geo-real-sample"
+if not SHARED.is_dir():
+    SHARED = Path("/work/shared/data/geo-real-sample")
+SAMPLES = {SHIPPED: 40} | ({SHARED: 277} if SHARED.is_dir() else {})  # folder -> problems in it
 
 
 def free(answer: str) -> Problem:
@@ -237,11 +239,11 @@ def _perturbed(value: str) -> str:
     return re.sub(r"\d+", lambda m: str(int(m.group()) + 1), value, count=1)
 
 
-@pytest.mark.skipif(not SAMPLE.is_dir(), reason="geo-real-sample not found")
-def test_gold_scores_one_and_every_other_choice_scores_zero_on_all_real_problems():
-    problems = load_problems(SAMPLE)
-    provenance = {row["id"]: row for row in map(json.loads, (SAMPLE / "provenance.jsonl").read_text().splitlines())}
-    assert len(problems) == 277
+@pytest.mark.parametrize("sample", list(SAMPLES), ids=[path.name for path in SAMPLES])
+def test_gold_scores_one_and_every_other_choice_scores_zero_on_all_real_problems(sample):
+    problems = load_problems(sample)
+    provenance = {row["id"]: row for row in map(json.loads, (sample / "provenance.jsonl").read_text().splitlines())}
+    assert len(problems) == SAMPLES[sample]
     wrappers = {"boxed": lambda a: f"<think>...</think> \\boxed{{{a}}}",
                 "answer_tag": lambda a: f"<think>...</think> <answer>{a}</answer>"}
     failures, checked = [], 0
@@ -261,7 +263,7 @@ def test_gold_scores_one_and_every_other_choice_scores_zero_on_all_real_problems
             for answer in wrong:
                 failures += [(style, problem.id, "wrong", answer)] * (accuracy_reward(wrap(answer), problem, style) != 0)
             checked += len(right) + len(wrong)
-    assert checked > 4000
+    assert checked >= 12 * len(problems)  # 2 styles x (2 right forms + >= 3 wrong options + 1 perturbed)
     assert failures == []
 
 

@@ -1,9 +1,16 @@
-"""A short real training run on the embedded default, and exact resume."""
+"""A short real training run on the embedded default, exact resume, and the trainer's use of its engine: synced
+at start (after a checkpoint is loaded) and after each update, used for evaluation, and dr_grpo's normaliser."""
+
+import copy
+import dataclasses
 
 import pytest
 import torch
 
+import fastrl_core.trainer as trainer_module
 from fastrl_core.config import load_config
+from fastrl_core.engines.base import Engine
+from fastrl_core.engines.hf import HFEngine
 from fastrl_core.store import read_rollouts, read_runs, read_steps
 from fastrl_core.trainer import PromptSampler, Trainer, load_datasets
 
@@ -67,6 +74,83 @@ def test_prompt_sampler_is_a_permutation_per_epoch():
     assert sampler.batch(2)[1] and not sampler.batch(1)[1]
     with pytest.raises(ValueError, match="fewer than prompts_per_step"):
         PromptSampler(2, 3, seed=0)
+
+
+class SnapshotEngine:
+    """An `Engine` that, like vLLM, samples from its own copy of the weights: an `HFEngine` on a deep copy of the
+    policy's model, refreshed only by `sync_weights`; `token_logprobs` scores with the model it is given, as
+    VLLMEngine's HF scorer does. Records its syncs and the problems it decoded greedily."""
+
+    def __init__(self, config, policy, projection) -> None:
+        self.own = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+        self.sampler = HFEngine(self.own, template=config.template, max_new_tokens=config.max_new_tokens,
+                                temperature=config.temperature, sketch_projection=projection,
+                                sketch_top_k=config.sketch_top_k or None)
+        self.syncs = 0
+        self.greedy_problems: list[str] = []
+
+    def generate(self, problems, rollouts_per_prompt, *, generator=None):
+        return self.sampler.generate(problems, rollouts_per_prompt, generator=generator)
+
+    def token_logprobs(self, model, problems, rollouts, index):
+        return self.sampler.token_logprobs(model, problems, rollouts, index)
+
+    def greedy(self, problems, *, batch_size=64):
+        self.greedy_problems += [problem.id for problem in problems]
+        return self.sampler.greedy(problems, batch_size=batch_size)
+
+    def sync_weights(self, model) -> None:
+        self.own.model.load_state_dict(model.state_dict())
+        self.syncs += 1
+
+
+def _assert_same_weights(model, reference: dict):
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.detach(), reference[name], rtol=0, atol=0, msg=name)
+
+
+def test_an_engine_with_its_own_weights_is_synced_after_each_update_and_after_resuming(tmp_path):
+    config = _config(tmp_path, steps=2, prompts_per_step=4, rollouts_per_prompt=4)
+    first = Trainer(config, progress=False, engine_factory=SnapshotEngine)
+    assert isinstance(first.engine, Engine) and first.engine.syncs == 1  # at start
+    initial = _params(first.policy.model)
+    row = first.train_step()
+    assert row["rollouts_kept"] > 0, "no update ran: nothing to sync"
+    assert first.engine.syncs == 2
+    trained = _params(first.policy.model)
+    assert any(not torch.equal(initial[k], trained[k]) for k in trained)
+    _assert_same_weights(first.engine.own.model, trained)  # the next step samples from the updated policy
+    first.save_checkpoint()
+
+    resumed = Trainer(config, resume=first.writer.run_id, progress=False, engine_factory=SnapshotEngine)
+    assert resumed.step == 1
+    _assert_same_weights(resumed.engine.own.model, trained)  # not the initial weights it was built from
+
+
+def test_evaluation_decodes_with_the_runs_engine_at_its_max_new_tokens(tmp_path):
+    trainer = Trainer(_config(tmp_path, max_new_tokens=2, eval_size=8), progress=False, engine_factory=SnapshotEngine)
+    result = trainer.evaluate()
+    assert trainer.engine.greedy_problems == [problem.id for problem in trainer.test_set]
+    tokenizer = trainer.policy.tokenizer
+    lengths = [len(tokenizer(text, add_special_tokens=False).input_ids) for text in result["completions"]]
+    assert result["n"] == 8 and max(lengths) <= 2
+
+
+def test_dr_grpo_normalises_by_the_generation_limit(tmp_path, monkeypatch):
+    calls = []
+
+    def recording_loss(name, *args, **kwargs):
+        calls.append((name, args[-1].shape[1], kwargs.get("max_length")))  # args[-1]: the (n, T) mask
+        return real_loss(name, *args, **kwargs)
+
+    real_loss = trainer_module.policy_loss
+    monkeypatch.setattr(trainer_module, "policy_loss", recording_loss)
+    trainer = Trainer(_config(tmp_path, objective="dr_grpo", advantage="mean_only", steps=1, prompts_per_step=4,
+                              rollouts_per_prompt=4, max_new_tokens=48), progress=False)
+    trainer.train_step()
+    ((name, padded_length, max_length),) = calls
+    assert name == "dr_grpo" and max_length == 48
+    assert padded_length < 48  # so the step's padded length would have been a different normaliser
 
 
 # ---- PPO mini-batches (updates_per_step, minibatch_mode) and the paper regime ---------------------------------------

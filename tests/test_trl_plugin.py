@@ -63,6 +63,24 @@ def test_balance_kept_properties(num_processes, multiple, chunks, data):
     assert int(counts[0]) == min(local, -(-largest // multiple) * multiple)  # the smallest such count
 
 
+def test_decide_global_tops_up_the_process_whose_groups_were_all_dropped_at_weight_one():
+    from fastrl_core.algo.pruners import GroupBatch
+    from fastrl_core.integrations.trl import decide_global
+
+    # process 0 owns groups 0, 1 (rewards vary), process 1 owns groups 2, 3 (all equal: DAPO drops them)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    advantages = torch.tensor([0.7, -0.7, -0.7, 0.7, 0.0, 0.0, 0.0, 0.0])
+    batch = GroupBatch(torch.arange(8) // 2, rewards, advantages, None)
+    decision, keep, topped_up = decide_global(batch, pruner="dapo_filter", keep_ratio=0.5, min_keep=2,
+                                              pruner_args={}, seed=0, generation=3, num_processes=2, multiple=2)
+    assert decision.keep_mask.tolist() == [True] * 4 + [False] * 4
+    assert keep.all() and topped_up.tolist() == [False] * 4 + [True] * 4  # K = 4 on both processes
+    assert decision.weights.tolist() == [1.0] * 8  # put back at weight 1 (the pruner gave them 0)
+    again = decide_global(batch, pruner="dapo_filter", keep_ratio=0.5, min_keep=2, pruner_args={}, seed=0,
+                          generation=3, num_processes=2, multiple=2)
+    assert torch.equal(again[1], keep) and torch.equal(again[0].scores, decision.scores)
+
+
 def test_select_rows_keeps_images_with_their_rows():
     grid = torch.tensor([[1, 2, 2], [1, 2, 4], [1, 2, 2]])  # 4, 8, 4 patches
     pixel_values = torch.arange(16.0)[:, None].expand(16, 3)  # patch p has value p
@@ -177,3 +195,95 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
         torch.testing.assert_close(batch["ref_per_token_logps"][mask], batch["fresh_ref"][mask])
         if call % 2 == 0:  # before this batch's first update the policy still is the old policy
             torch.testing.assert_close(batch["old_per_token_logps"][mask], batch["fresh_policy"][mask])
+
+
+# ---- TRL's vision-language path on CPU -------------------------------------------------------------------------
+# TRL 1.16's VLM path needs no torchvision itself: only its default processor, AutoProcessor.from_pretrained,
+# fails here ("Qwen2VLVideoProcessor requires the Torchvision library"). Passing the policy's own processor
+# (fastrl_core.policy: Qwen2VLImageProcessorPil, no video processor) as `processing_class` runs it on CPU.
+def _dots_image(i: int):
+    """A 112x112 diagram, different for every i: i % 4 + 1 dots in a colour set by i."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (112, 112), (123, 117, 104))
+    draw = ImageDraw.Draw(image)
+    for k in range(i % 4 + 1):
+        draw.ellipse((8 + 24 * k, 40 + 4 * i, 24 + 24 * k, 56 + 4 * i), fill=(20 * i, 0, 255 - 20 * i))
+    return image
+
+
+def test_vlm_with_images_prunes_and_keeps_each_rows_image_through_the_deferred_passes(tmp_path):
+    """Tiny Qwen2.5-VL (the shipped warm start) inside TRL with one image per prompt: the rows reaching the loss
+    carry their own prompt's image, the deferred old/ref passes on kept rows give what the models give for those
+    rows and images, and the store records each group's image."""
+    import io
+    import re
+
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+    from fastrl_core.policy import EMBEDDED_DIR, load_policy
+    from fastrl_core.store import image_key, list_runs, read_groups, read_image, read_rollouts
+
+    torch.set_num_threads(1)
+    policy = load_policy("embedded")
+    processor = policy.processor
+    vision_keys = ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")
+
+    class Recording(FastRLGRPOTrainer):
+        loss_batches: list[dict] = []
+
+        def _compute_loss(self, model, inputs):
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            width = inputs["completion_ids"].shape[1]
+            vision = {key: inputs[key] for key in vision_keys}
+            with torch.no_grad():
+                ref, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(self, self.ref_model, ids, mask, width,
+                                                                           **vision)
+                fresh, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(self, self.model, ids, mask, width,
+                                                                             **vision)
+            self.loss_batches.append({**inputs, "fresh_ref": ref, "fresh_policy": fresh})
+            return super()._compute_loss(model, inputs)
+
+    def varied_accuracy(completions, **kwargs):
+        return [float(len(c[-1]["content"]) % 2) for c in completions]
+
+    rows = [{"prompt": [{"role": "user", "content": [{"type": "image"},
+                                                     {"type": "text", "text": f"How many dots in image {i}?"}]}],
+             "image": _dots_image(i), "id": f"p{i}", "answer": str(i % 4 + 1)} for i in range(8)]
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=8, max_steps=4, num_iterations=2, beta=0.04, learning_rate=1e-4,
+                      seed=0, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
+                      generation_kwargs={"suppress_tokens": policy.suppress_token_ids})
+    trainer = Recording(model=str(EMBEDDED_DIR), reward_funcs=[varied_accuracy], args=args,
+                        train_dataset=Dataset.from_list(rows), processing_class=processor, pruner="fastrl",
+                        keep_ratio=0.5, store_dir=str(tmp_path / "store"), run_name="trl-vlm")
+    trainer.train()
+
+    (run_id,) = list_runs(tmp_path / "store")
+    rollouts = read_rollouts(tmp_path / "store", run_id)
+    assert len(Recording.loss_batches) == 4 and set(rollouts["kept"]) == {True, False}
+    for call, batch in enumerate(Recording.loss_batches):
+        kept = rollouts[(rollouts["step"] == call // 2) & rollouts["kept"]]
+        texts = processor.tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True)
+        assert Counter(texts) == Counter(kept["completion"])
+        # each row's patches are its own prompt's image, in row order
+        patches = batch["image_grid_thw"].prod(dim=1).tolist()
+        for row, pixels in enumerate(batch["pixel_values"].split(patches)):
+            prompt = processor.tokenizer.decode(batch["prompt_ids"][row], skip_special_tokens=True)
+            image = int(re.search(r"image (\d+)", prompt).group(1))
+            expected = processor.image_processor(images=[_dots_image(image)], return_tensors="pt")["pixel_values"]
+            torch.testing.assert_close(pixels, expected)
+        mask = batch["completion_mask"].bool()
+        torch.testing.assert_close(batch["ref_per_token_logps"][mask], batch["fresh_ref"][mask])
+        if call % 2 == 0:
+            torch.testing.assert_close(batch["old_per_token_logps"][mask], batch["fresh_policy"][mask])
+    groups = read_groups(tmp_path / "store", run_id).merge(
+        rollouts[["step", "prompt_id", "image_ref"]].drop_duplicates(), on=["step", "prompt_id"])
+    for _, group in groups.iterrows():
+        buffer = io.BytesIO()
+        _dots_image(int(group["prompt_id"][1:])).save(buffer, format="PNG")
+        assert group["image_ref"] == image_key(buffer.getvalue())
+        assert read_image(tmp_path / "store", group["image_ref"]) == buffer.getvalue()

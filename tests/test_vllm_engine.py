@@ -117,23 +117,43 @@ def test_constructing_without_vllm_says_to_install_the_gpu_extra(monkeypatch):
     assert str(error.value) == INSTALL_HINT
 
 
-def test_gpu_check_dry_run_runs_every_part_on_cpu(tmp_path):
-    """scripts/gpu_check.py --dry-run: the GPU check's own code with the HF engine on CPU at tiny size."""
-    import json
+def _gpu_check():
     import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
-    main = runpy.run_path(str(script))["main"]
-    summary = main(["--dry-run", "--steps", "1", "--out", str(tmp_path / "check.json")])
+    return runpy.run_path(str(Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"))
+
+
+def test_gpu_check_dry_run_runs_every_part_on_cpu(tmp_path):
+    """scripts/gpu_check.py --dry-run: the GPU check's own code (the trainer's train_step) with the HF engine on CPU
+    at tiny size."""
+    import json
+
+    summary = _gpu_check()["main"](["--dry-run", "--steps", "1", "--out", str(tmp_path / "check.json")])
     assert json.loads((tmp_path / "check.json").read_text())["dry_run"] is True
+    assert (summary["engine"], summary["vllm_skipped"]) == ("hf", "dry run")
     (throughput,) = summary["throughput"]
     assert throughput["engine"] == "hf" and throughput["rollouts"] == 8 and throughput["tokens"] > 0
     grpo, fastrl = summary["steps"]
     assert (grpo["method"], fastrl["method"]) == ("grpo", "fastrl")
     assert grpo["kept"] == grpo["sampled"] == 8  # pruner none
     assert 0 < fastrl["kept"] < fastrl["sampled"]  # keep_ratio 0.5 of groups with varied rewards
-    assert all(row[f"t_{phase}"] >= 0 for row in summary["steps"] for phase in ("generate", "logprob", "update"))
+    for row in summary["steps"]:
+        assert all(row[f"t_{phase}"] >= 0 for phase in ("generate", "reward", "prune", "logprob", "update", "sync"))
+        assert row["tokens"] > 0 and row["logprob_gap"] < 1e-4  # HF samples and scores with the same model
+        assert row["peak_gpu_mib"] is None  # CPU
     assert [row["method"] for row in summary["trl"]] == ["trl-grpo", "trl-fastrl"]
     (kept_fraction,) = summary["trl"][1]["kept_fraction"]
     assert 0 < kept_fraction <= 0.5  # fastrl keeps at most ceil(0.5 * 4) of each group of 4
+
+
+def test_gpu_check_falls_back_to_the_hf_engine_without_vllm(monkeypatch):
+    import importlib.util
+
+    check = _gpu_check()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
+    assert check["engine_kind"](check["parse_args"]([])) == ("hf", "vllm is not importable")
+    assert check["engine_kind"](check["parse_args"](["--engine", "hf"])) == ("hf", "--engine hf")
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match=r"fastrl\[gpu\]"):
+        check["engine_kind"](check["parse_args"](["--engine", "vllm"]))

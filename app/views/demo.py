@@ -1,23 +1,24 @@
-"""Demo: FastRL's story on the run in front of you — what pruning does to one real group, where the rollout
-budget went, and the measured speed-up and accuracy against a plain GRPO run. Works live and after the fact."""
+"""Demo: FastRL's story on the run in front of you — what pruning does to one real group, step by step, where the
+rollout budget went, and the measured speed-up and accuracy against plain GRPO: over every seed of the method in
+the store (a `fastrl bench` store) with 95 % intervals, from `fastrl_core.metrics`. Works live and after the fact."""
 
+import pandas as pd
 import streamlit as st
 
 from app import analysis, charts, data, widgets
+from fastrl_core import metrics
 
 st.title("FastRL in three steps")
 runs = widgets.runs_or_wait()
-pruned_runs = runs[runs["pruner"] != "none"]
-run = widgets.pick_run(pruned_runs if not pruned_runs.empty else runs, label="FastRL run")
+fastrl_runs, pruned_runs = runs[runs["pruner"] == "fastrl"], runs[runs["pruner"] != "none"]
+run = widgets.pick_run(next(r for r in (fastrl_runs, pruned_runs, runs) if not r.empty), label="FastRL run")
 run_id = run["run_id"]
-baseline = analysis.find_baseline(runs, run_id)
 st.markdown(
     "GRPO learns by sampling several answers to each question and comparing them: answers better than their "
     "group's average are reinforced, worse ones discouraged. When a group's answers are all equally good (or all "
     "equally wrong) nothing is learned from them, yet plain GRPO still pays for them in three more passes through "
     "the model. **FastRL prunes such rollouts before those passes, keeps a diverse set of the informative ones, "
     "and adapts how many answers to sample per question.**")
-by_id = runs.set_index("run_id", drop=False)
 live = any(widgets.is_live(r) for _, r in runs.iterrows())
 
 
@@ -48,13 +49,26 @@ def story() -> None:
                         f"**Correct answer.** `{group['answer'].iloc[0] or '—'}`")
             st.plotly_chart(charts.group_bars(group, revision=f"demo/{step}/{prompt}"), key="demo_group")
         n_kept = int(group["kept"].sum())
-        st.markdown(
-            f"The model answered this question **{len(group)} times**. Rewards ranged from "
-            f"{group['reward'].min():.2f} to {group['reward'].max():.2f}; each answer's *advantage* is its reward "
-            f"relative to the group. FastRL kept **{n_kept}** of them for the update and pruned "
-            f"**{len(group) - n_kept}**:")
-        for reason, count in group.loc[~group["kept"], "reason"].value_counts().items():
-            st.markdown(f"- {count} × *{analysis.reason_label(reason)}*: {analysis.reason_text(reason)}")
+        pruned = group.loc[~group["kept"].astype(bool), "reason"].value_counts()
+        zero = int(pruned.get("ZERO_ADVANTAGE", 0) + pruned.get("ZERO_VARIANCE_GROUP", 0))
+        others = pruned.drop(["ZERO_ADVANTAGE", "ZERO_VARIANCE_GROUP"], errors="ignore")
+        correct = int((group["accuracy_reward"].fillna(0) > 0).sum())
+        lines = [
+            f"1. **Sample.** The model answered this question **{len(group)} times**; {correct} answers were "
+            f"correct, rewards ranged from {group['reward'].min():.2f} to {group['reward'].max():.2f}.",
+            "2. **Compare.** Each answer's *advantage* is its reward relative to the group's: positive ones are "
+            "reinforced, negative ones discouraged.",
+            f"3. **Drop what teaches nothing.** {zero} answer{'s' if zero != 1 else ''} had advantage 0 (no "
+            "gradient): pruned for free." if zero else
+            "3. **Drop what teaches nothing.** No answer had advantage 0 here.",
+        ]
+        if len(others):
+            lines.append("4. **Keep a diverse, informative few.** Of the rest, "
+                         + "; ".join(f"{count} × *{analysis.reason_label(reason)}* ({analysis.reason_text(reason)})"
+                                     for reason, count in others.items()) + ".")
+        lines.append(f"{len(lines) + 1}. **Update.** FastRL kept **{n_kept}** of {len(group)} for the log-probability "
+                     f"passes and the update; plain GRPO would have paid for all {len(group)}.")
+        st.markdown("\n".join(lines))
         with st.expander("The answers themselves"):
             st.dataframe(group.sort_values("advantage", ascending=False)[
                 ["kept", "reason", "reward", "advantage", "completion"]], hide_index=True, key="demo_answers")
@@ -71,36 +85,55 @@ def story() -> None:
         f"(started at {steps['rollouts_per_prompt'].iloc[0]:.1f}).")
 
     st.header("3 · Speed and accuracy against GRPO")
-    if baseline is None:
-        if analysis.find_baseline(data.runs(), run_id) is not None:
-            st.rerun(scope="app")  # a GRPO run has just started: redraw with it
-        st.info("There is no plain-GRPO run (pruner `none`) in this store to compare with yet. `fastrl demo` "
-                "trains one right after the FastRL run; this section fills in while it trains.")
+    labels = metrics.run_labels(data.runs())
+    mine = labels[labels["run_id"] == run_id]
+    method, objective = mine["method"].iloc[0], mine["objective"].iloc[0]
+    base = labels[labels["is_baseline"] & (labels["objective"] == objective)]
+    if base.empty:
+        st.info("There is no plain-GRPO run (pruner `none`, budget `fixed`) in this store to compare with yet. "
+                "`fastrl demo` trains one right after the FastRL run, `fastrl bench` one per seed; this section "
+                "fills in while it trains.")
         return
-    pair = [run_id, baseline]
-    pair_steps = data.steps(pair)
-    evals = data.evals(pair)
-    source = "eval" if set(evals["run_id"]) >= set(pair) else "train"
-    curves = analysis.accuracy_curves(pair_steps, evals, source=source)
-    headline = analysis.comparison(curves, run_id, baseline)
-    st.plotly_chart(charts.metric_lines(curves, x="wall_time", y="accuracy", x_title="training seconds",
-                                        y_title="accuracy", revision="demo/compare", markers=source == "eval"),
-                    key="demo_compare")
-    base_state = widgets.status(by_id.loc[baseline])
-    cols = st.columns(3)
-    if headline["speedup"] is not None:
-        cols[0].metric("Speed-up to GRPO's accuracy", f"{headline['speedup']:.2f}×",
-                       help="GRPO's seconds to reach its latest accuracy / FastRL's seconds to reach the same")
-    else:
-        cols[0].metric("Speed-up to GRPO's accuracy", "not yet",
-                       help="FastRL has not reached GRPO's latest accuracy (or the baseline has no data yet)")
-    cols[1].metric("FastRL accuracy", "—" if headline["run_accuracy"] is None else f"{headline['run_accuracy']:.1%}")
-    cols[2].metric("GRPO accuracy", "—" if headline["baseline_accuracy"] is None
-                   else f"{headline['baseline_accuracy']:.1%}")
-    what = "greedy accuracy on the held-out split" if source == "eval" else "training-rollout accuracy (5-step mean)"
-    caveat = " The GRPO run is still training, so these figures will move." if base_state == "running" else ""
-    st.caption(f"Measured on this machine from the two runs in the store ({run_id} vs {baseline}); accuracy is "
-               f"{what}.{caveat}")
+    base_method = sorted(base["method"].unique(), key=lambda m: (not m.startswith("grpo"), m))[0]
+    ids = labels.loc[labels["method"].isin([method, base_method]), "run_id"].tolist()
+    per_run, summary, curves = data.comparison(ids)
+    by_method = summary.set_index("method")
+    if method not in by_method.index or base_method not in by_method.index:
+        st.info("Waiting for the first evaluations of these runs.")
+        return
+    ours, theirs = by_method.loc[method], by_method.loc[base_method]
+    bands = pd.concat([metrics.band(c).assign(method=m) for m, c in curves.groupby("method", sort=False)],
+                      ignore_index=True)
+    if not bands.empty:
+        st.plotly_chart(charts.band_lines(bands, x="wall_time", x_title="training seconds (evaluation excluded)",
+                                          y_title="greedy test accuracy", revision="demo/compare"),
+                        key="demo_compare")
+    reached = int(ours["target_reached"])
+    seeds = len(ours["seeds"])
+    cols = st.columns(4)
+    cols[0].metric("Speed-up per step", metrics.interval(ours, "step_speedup").text(".2f", "×"),
+                   help="GRPO's training seconds for the same number of steps / FastRL's (the paper's speed-up)")
+    cols[1].metric("Speed-up to the target accuracy", metrics.interval(ours, "target_speedup").text(".2f", "×")
+                   if reached else "not reached",
+                   help=f"GRPO's seconds to {metrics.TARGET_SHARE:.0%} of its mean gain over the warm start / "
+                        f"FastRL's, on seeds where both got there ({reached} of {seeds} FastRL seeds did)")
+    cols[2].metric("FastRL accuracy", _percent(metrics.interval(ours, "final_accuracy")))
+    cols[3].metric("GRPO accuracy", _percent(metrics.interval(theirs, "final_accuracy")))
+    running = any(widgets.status(widgets.current(r)) == "running" for r in ids)
+    caveat = " Some of these runs are still training, so the figures will move." if running else ""
+    st.caption(
+        f"Measured on this machine: {method} ({seeds} seed{'s' if seeds != 1 else ''}) against {base_method} "
+        f"({len(theirs['seeds'])}), paired by seed. Accuracy is greedy accuracy on the held-out split, mean of the "
+        f"last {metrics.WINDOW} evaluations; ± and [ ] are 95 % intervals over seeds (none with one seed); curves "
+        f"show the mean of the seeds with its band.{caveat}")
+
+
+def _percent(interval: metrics.Interval) -> str:
+    if interval.n == 0:
+        return "—"
+    if interval.n < 2:
+        return f"{interval.mean:.1%}"
+    return f"{interval.mean:.1%} ± {100 * (interval.high - interval.mean):.1f} pts"
 
 
 # Always polling (slowly when nothing trains): `fastrl demo` starts the GRPO run after the FastRL run ends.

@@ -1,11 +1,11 @@
-"""Runs: every run in the store with its headline metrics, and a side-by-side comparison."""
-
-import math
+"""Runs: every run in the store, the methods compared across seeds (mean curve with its band, mean ± interval per
+method, from `fastrl_core.metrics` like `fastrl bench`), and chosen runs side by side."""
 
 import pandas as pd
 import streamlit as st
 
 from app import analysis, charts, data, widgets
+from fastrl_core import metrics
 
 st.title("Runs")
 runs = widgets.runs_or_wait()
@@ -28,22 +28,80 @@ st.dataframe(table, hide_index=True, column_config={
     "last eval accuracy": st.column_config.NumberColumn(format="%.3f"),
     "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
 }, key="runs_table")
+live = any(widgets.status(r) == "running" for _, r in runs.iterrows())
+labels = metrics.run_labels(runs.sort_values("started", kind="stable"))
+X_AXES = {"training seconds": ("wall_time", "training seconds"), "CPU seconds": ("cpu_time", "CPU seconds"),
+          "step": ("step", "step")}
 
-st.header("Compare")
+st.header("Methods across seeds")
+methods = labels["method"].unique().tolist()
+chosen_methods = st.multiselect("Methods", methods, default=methods[:8], key="methods")
+x_name = st.radio("x-axis", list(X_AXES), horizontal=True, key="methods_x")
+
+
+def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The per-method table as text: mean ± 95 % interval, ratios as geometric mean [interval]."""
+    def text(row, name, spec, suffix=""):
+        return metrics.interval(row, name).text(spec, suffix)
+
+    return pd.DataFrame([{
+        "method": row["method"], "seeds": len(row["seeds"]), "final accuracy": text(row, "final_accuracy", ".3f"),
+        "step speed-up": text(row, "step_speedup", ".2f", "×"),
+        "step speed-up (CPU)": text(row, "cpu_step_speedup", ".2f", "×"),
+        "time-to-target speed-up": text(row, "target_speedup", ".2f", "×"),
+        "reached target": f"{row['target_reached']}/{len(row['seeds'])}", "AUC": text(row, "auc", ".3f"),
+        "s/step": text(row, "seconds_per_step", ".3f"), "CPU s/step": text(row, "cpu_per_step", ".3f"),
+        "kept": text(row, "kept_fraction", ".2f"),
+    } for _, row in summary.iterrows()])
+
+
+def methods_section() -> None:
+    ids = labels.loc[labels["method"].isin(chosen_methods), "run_id"].tolist()
+    if not ids:
+        st.info("Pick one or more methods.")
+        return
+    per_run, summary, curves = data.comparison(ids)
+    x, x_title = X_AXES[x_name]
+    bands = pd.concat([metrics.band(c, x=x).assign(method=m) for m, c in curves.groupby("method", sort=False)],
+                      ignore_index=True) if len(curves) else pd.DataFrame()
+    if bands.empty or bands["mean"].isna().all():
+        st.info("These runs have no evaluations yet (or no CPU timings, for the CPU axis).")
+    else:
+        st.plotly_chart(charts.band_lines(bands, x=x, x_title=x_title, y_title="greedy test accuracy",
+                                          revision="methods"), key="methods_chart")
+    st.dataframe(summary_table(summary), hide_index=True, key="methods_table")
+    target = per_run["target_accuracy"].dropna()
+    st.caption(
+        "Mean of the seeds with its 95 % Student-t interval (band, ±); speed-ups are geometric means of each seed's "
+        "ratio to the GRPO run of the same seed, interval on the log ratio ([low, high]); (n=1): one seed, no "
+        f"interval. Final accuracy: mean of the last {metrics.WINDOW} evaluations. Step speed-up: GRPO's training "
+        f"seconds for the same steps / the method's. Time-to-target: to {metrics.TARGET_SHARE:.0%} of GRPO's mean "
+        "gain over the warm start"
+        + (f" (accuracy {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))})" if len(target) else "")
+        + f"; reached target counts the seeds that got there. AUC: mean accuracy over the first "
+        f"{per_run['horizon'].iloc[0]:.1f} s (the shortest run).")
+    phases = analysis.phases_long(summary, "method", data.PHASES)
+    if not phases.empty:
+        st.plotly_chart(charts.phase_bars(phases, revision="methods", label="method"), key="methods_phases")
+    with st.expander("Every seed"):
+        shown = ["method", "seed", "run_id", "final_accuracy", "step_speedup", "cpu_step_speedup", "time_to_target",
+                 "target_speedup", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "kept_fraction"]
+        st.dataframe(per_run[shown], hide_index=True, key="seeds_table")
+
+
+st.fragment(methods_section, run_every=widgets.LIVE_EVERY if live else None)()
+
+st.header("Compare runs")
 ids = runs["run_id"].tolist()
 chosen = st.multiselect("Runs to compare", ids, default=ids[: min(len(ids), 4)], key="compare_runs")
 if not chosen:
     st.info("Pick one or more runs to compare.")
     st.stop()
-left, middle, right = st.columns(3)
+left, right = st.columns(2)
 x_axis = left.radio("x-axis", ["wall-clock seconds", "step"], horizontal=True, key="compare_x")
-accuracy_source = middle.radio("accuracy", ["eval (greedy, held-out)", "train rollouts (5-step mean)"],
-                               horizontal=True, key="compare_accuracy")
-picked = runs[runs["run_id"].isin(chosen)]
-default_baseline = next((r for r in chosen if picked.set_index("run_id").loc[r, "pruner"] == "none"), chosen[0])
-baseline = right.selectbox("Baseline for the speed-up", chosen, index=chosen.index(default_baseline),
-                           key="compare_baseline", help="Plain GRPO (pruner none) when one is selected")
-live = any(widgets.status(r) == "running" for _, r in picked.iterrows())
+accuracy_source = right.radio("accuracy", ["eval (greedy, held-out)", "train rollouts (5-step mean)"],
+                              horizontal=True, key="compare_accuracy")
+picked_live = any(widgets.status(r) == "running" for _, r in runs[runs["run_id"].isin(chosen)].iterrows())
 
 
 def compare() -> None:
@@ -51,12 +109,12 @@ def compare() -> None:
     if steps.empty:
         st.info("No steps written yet for these runs.")
         return
-    evals = data.evals(chosen)
+    per_run, _, curves = data.comparison(chosen)
     source = "eval" if accuracy_source.startswith("eval") else "train"
-    if source == "eval" and evals.empty:
+    if source == "eval" and curves.empty:
         st.warning("These runs have no evaluations yet; showing the training-rollout accuracy instead.")
         source = "train"
-    curves = analysis.accuracy_curves(steps, evals, source=source)
+    curves = curves if source == "eval" else analysis.train_accuracy(steps)
     x, x_title = ("wall_time", "seconds") if x_axis.startswith("wall") else ("step", "step")
     rewards = steps.assign(reward=steps.groupby("run_id")["reward_mean"].transform(
         lambda s: s.rolling(5, min_periods=1).mean()))
@@ -72,28 +130,23 @@ def compare() -> None:
                                             revision="compare", markers=source == "eval"),
                         key="compare_accuracy_chart")
 
-    st.subheader("Time to a target accuracy")
-    base_curve = curves[curves["run_id"] == baseline]
-    default_target = float(base_curve["accuracy"].iloc[-1]) if not base_curve.empty else 0.5
-    target = st.slider("Target accuracy", 0.0, 1.0, math.floor(default_target * 100 + 1e-9) / 100, 0.01,
-                       key="target", help="Defaults to the baseline's latest accuracy (rounded down to the slider's "
-                                          "0.01 steps): how long each run took to get there.")
-    reach = analysis.time_to_target(curves, target).set_index("run_id").reindex(chosen)
-    final = curves.groupby("run_id")["accuracy"].last().reindex(chosen)
-    result = pd.DataFrame({"run": chosen, "steps to target": reach["step"].to_numpy(),
-                           "seconds to target": reach["seconds"].to_numpy(),
-                           f"speed-up vs {baseline}": analysis.speedup(reach["seconds"], baseline).to_numpy(),
-                           "latest accuracy": final.to_numpy()})
-    st.dataframe(result, hide_index=True, key="reach_table", column_config={
-        "seconds to target": st.column_config.NumberColumn(format="%.1f"),
-        f"speed-up vs {baseline}": st.column_config.NumberColumn(format="%.2f×"),
-        "latest accuracy": st.column_config.NumberColumn(format="%.3f"),
+    st.subheader("Each run against the GRPO run of its seed")
+    st.dataframe(per_run.assign(run=per_run["run_id"])[[
+        "run", "method", "seed", "final_accuracy", "time_to_target", "target_speedup", "step_speedup",
+        "cpu_step_speedup", "auc", "seconds_per_step"]], hide_index=True, key="compare_table", column_config={
+        "final_accuracy": st.column_config.NumberColumn("final accuracy", format="%.3f"),
+        "time_to_target": st.column_config.NumberColumn("seconds to target", format="%.1f"),
+        "target_speedup": st.column_config.NumberColumn("time-to-target speed-up", format="%.2f×"),
+        "step_speedup": st.column_config.NumberColumn("step speed-up", format="%.2f×"),
+        "cpu_step_speedup": st.column_config.NumberColumn("step speed-up (CPU)", format="%.2f×"),
+        "auc": st.column_config.NumberColumn("AUC", format="%.3f"),
+        "seconds_per_step": st.column_config.NumberColumn("s/step", format="%.3f"),
     })
-    st.caption("None: not reached (yet). Speed-up = the baseline's seconds to the target / the run's seconds "
-               "(undefined when the baseline was already there at its first evaluation).")
+    st.caption("Same definitions as the table above; empty: not reached, or no GRPO run (pruner none, budget "
+               "fixed, same objective) with this seed among the chosen runs.")
 
     st.subheader("Time per phase")
-    phases = analysis.phase_seconds(steps, data.PHASES)
+    phases = analysis.phases_long(per_run, "run_id", data.PHASES)
     if phases.empty:
         st.info("These runs recorded no phase timings.")
     else:
@@ -101,4 +154,4 @@ def compare() -> None:
         st.caption("Mean seconds per step. Pruned rollouts skip the log-prob passes and the update.")
 
 
-st.fragment(compare, run_every=widgets.LIVE_EVERY if live else None)()
+st.fragment(compare, run_every=widgets.LIVE_EVERY if picked_live else None)()

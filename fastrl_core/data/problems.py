@@ -82,6 +82,11 @@ class LoadedProblems(list):
         self.skipped: list[str] = list(skipped)
 
 
+class DataError(ValueError):
+    """A dataset that cannot be read: no such file or folder, a bad row (the message names the file, row and id).
+    The CLI prints it as one line (exit code 2)."""
+
+
 class BadRow(ValueError):
     """A row that cannot become a Problem (the message says why)."""
 
@@ -111,10 +116,11 @@ def load_problems(
     `split` picks the `<folder>/<split>/` subfolder when there is one (else the folder itself is read) or the hub
     split; a local file is one split and ignores it.
 
-    A bad row (missing key, missing answer, missing or unreadable image, duplicate id) raises ValueError naming the
-    file and the row (index and id); with `skip_bad=True` it is skipped instead, logged as a warning, and listed in
-    the result's `skipped`. `limit` stops after that many good problems. Embedded image bytes go to `image_cache`
-    (default ~/.cache/fastrl/images).
+    A bad row (missing key, missing answer, missing or unreadable image, duplicate id) raises DataError (a
+    ValueError) naming the file and the row (index and id); with `skip_bad=True` it is skipped instead, logged as a
+    warning, and listed in the result's `skipped` (`dataset_skip_bad=true` in training, `--skip-bad` in eval).
+    `limit` stops after that many good problems. Embedded image bytes go to `image_cache` (default
+    ~/.cache/fastrl/images).
     """
     cache = Path(image_cache) if image_cache is not None else DEFAULT_IMAGE_CACHE
     path = Path(source)
@@ -123,18 +129,18 @@ def load_problems(
             path = path / split
         jsonl = path / "problems.jsonl"
         if not jsonl.is_file():
-            raise ValueError(f"{path}: no problems.jsonl in this folder")
+            raise DataError(f"{path}: no problems.jsonl in this folder")
         return _load_rows(_jsonl_rows(jsonl), where=str(jsonl), base=path, cache=cache, kind=None,
                           skip_bad=skip_bad, limit=limit)
     if path.suffix in (".jsonl", ".parquet") or path.exists():
         if not path.is_file():
-            raise ValueError(f"{path}: no such file")
+            raise DataError(f"{path}: no such file")
         if path.suffix == ".jsonl":
             rows = _jsonl_rows(path)
         elif path.suffix == ".parquet":
             rows = _parquet_rows(path)
         else:
-            raise ValueError(f"{path}: expected a folder, a .jsonl or a .parquet file")
+            raise DataError(f"{path}: expected a folder, a .jsonl or a .parquet file")
         return _load_rows(rows, where=str(path), base=path.parent, cache=cache, kind=None,
                           skip_bad=skip_bad, limit=limit)
     return _load_hub(str(source), split=split, cache=cache, skip_bad=skip_bad, limit=limit)
@@ -148,9 +154,9 @@ def _jsonl_rows(path: Path) -> Iterator[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: row {index}: not valid JSON ({e})") from None
+                raise DataError(f"{path}: row {index}: not valid JSON ({e})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}: row {index}: expected a JSON object, got {type(row).__name__}")
+                raise DataError(f"{path}: row {index}: expected a JSON object, got {type(row).__name__}")
             yield row
 
 
@@ -212,7 +218,7 @@ def _load_rows(rows: Iterator[dict], *, where: str, base: Path | None, cache: Pa
         except BadRow as e:
             message = f"row {index} (id {row_id!r}): {e}"
             if not skip_bad:
-                raise ValueError(f"{where}: {message}") from None
+                raise DataError(f"{where}: {message}") from None
             problems.skipped.append(message)
             continue
         seen.add(problem.id)

@@ -1,8 +1,18 @@
 """Rollout engines: sample completions with behaviour log-probs (and sketches), re-score them for the update.
 
-`hf`: transformers `generate` (CPU or GPU), the default and the only one testable on CPU.
+`base`: the `Rollouts` type and the `Engine` protocol every engine implements.
+`hf`: transformers `generate` (CPU or GPU), the default and the only one testable on CPU. `vllm`: GPU only.
+What each engine can do, and the sketch kind a config resolves to, is in `fastrl_core.engines.resolve` (pure).
+The names below are imported on first use, so the resolver loads without transformers.
 """
 
-from fastrl_core.engines.hf import HFEngine, PromptBatch, Rollouts
+__all__ = ["Engine", "HFEngine", "PromptBatch", "Rollouts"]
+_MODULES = {"Engine": "base", "Rollouts": "base", "HFEngine": "hf", "PromptBatch": "hf"}
 
-__all__ = ["HFEngine", "PromptBatch", "Rollouts"]
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        from importlib import import_module
+
+        return getattr(import_module(f"fastrl_core.engines.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

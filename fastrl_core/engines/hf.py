@@ -27,22 +27,10 @@ from torch import Tensor
 from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from fastrl_core.engines.base import Rollouts
 from fastrl_core.policy import Policy, load_image
 
-
-@dataclass
-class Rollouts:
-    """Sampled completions for a step's prompts; row i belongs to prompt `prompt_index[i]`."""
-
-    prompt_index: Tensor  # (N,) long: index into the step's prompt list
-    completion_ids: Tensor  # (N, T) right-padded sampled tokens (pad after EOS)
-    completion_mask: Tensor  # (N, T) bool: True up to and including EOS
-    completion_text: list[str]  # (N,) decoded, special tokens dropped
-    behaviour_logprobs: Tensor  # (N, T) float32 log π_old(y_t) from the sampling pass, 0 where masked
-    sketches: Tensor | None  # (N, D) advantage-free lm_head sketches, or None without a projection
-
-    def __len__(self) -> int:
-        return self.prompt_index.shape[0]
+__all__ = ["HFEngine", "PromptBatch", "Rollouts"]  # Rollouts lives in engines.base; re-exported for old imports
 
 
 @dataclass
@@ -250,6 +238,9 @@ class HFEngine:
             mask = _first_true_inclusive_mask(torch.isin(ids, torch.tensor(self.eos_token_ids)))
             texts += self.decode(ids, mask)
         return texts
+
+    def sync_weights(self, model) -> None:
+        """Nothing to copy: this engine samples with `policy.model`, the trainer's own model (engines.base)."""
 
     # ---- re-scoring ---------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Rollout engine on vLLM (GPU only), behind the same interface as `HFEngine`, colocated with the trainer.
+"""Rollout engine on vLLM (GPU only), colocated with the trainer; implements `engines.base.Engine` like `HFEngine`.
 
 vLLM is imported lazily, inside `VLLMEngine`: this module imports on a CPU machine, and constructing the engine
 without vLLM raises an ImportError that says to install the `gpu` extra (vLLM 0.33 is CUDA-only and pins
@@ -13,12 +13,14 @@ What it does, against vLLM's offline `LLM` API:
   temperature. Vision special tokens are never sampled (logit bias −100, like HF's `suppress_tokens`).
 - sketches: vLLM returns top-K log-probs, not hidden states, so the sketch is `logprob_sketch` (the vocabulary
   side of the lm_head sketch, fastrl_core.algo.sketches) over the top-K ids plus the sampled token — the same
-  set top-K ∪ {y} the lm_head sketch uses. The trainer's `sketch=lm_head` therefore means `logprob` here.
+  set top-K ∪ {y} the lm_head sketch uses. The trainer asks for it as `sketch=logprob`; `sketch=lm_head` and
+  sketch_top_k=0 are rejected with vLLM (fastrl_core.engines.resolve).
 - `token_logprobs` (the old / reference / policy passes of the update) delegates to `HFEngine` on the same
   policy: training-side passes run in PyTorch, as they must for gradients.
-- `sync_weights(model)` after each update: the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set
-  by default here) so `LLM.apply_model` hands the trainer's tensors straight to the vLLM model's `load_weights`
-  (HF parameter names; vLLM maps them), then the prefix cache is reset.
+- `sync_weights(model)`, which the trainer calls at start (after a checkpoint is loaded) and after each update:
+  the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by default here) so `LLM.apply_model` hands
+  the trainer's tensors straight to the vLLM model's `load_weights` (HF parameter names; vLLM maps them), then the
+  prefix cache is reset.
 - Memory: `gpu_memory_utilization` is vLLM's share of the GPU (weights + KV cache); the trainer needs the rest.
   With `enable_sleep_mode`, the engine sleeps at level 2 after each `generate` (KV cache freed, weights dropped)
   and `sync_weights` wakes the weights before loading them, as TRL's colocate mode does.
@@ -38,7 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastrl_core.engines.hf import HFEngine, Rollouts
+from fastrl_core.engines.base import Rollouts
+from fastrl_core.engines.hf import HFEngine
 
 INSTALL_HINT = (
     "VLLMEngine needs vLLM 0.33, which is CUDA-only and not installed here. Install the GPU extra on a CUDA "
@@ -114,7 +117,9 @@ def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *
     if want_sketch:
         from fastrl_core.algo.sketches import logprob_sketch
 
-        sketches = logprob_sketch(topk_ids, topk_logprobs, completion_ids, completion_mask, projection)
+        # vLLM's outputs are Python lists, so the sketch is computed on the CPU, wherever the projection lives
+        sketches = logprob_sketch(topk_ids, topk_logprobs, completion_ids, completion_mask,
+                                  projection.to(device=completion_ids.device))
     return Rollouts(
         prompt_index=torch.tensor([prompt for prompt, *_ in rows], dtype=torch.long),
         completion_ids=completion_ids,
@@ -146,6 +151,8 @@ class VLLMEngine:
         seed: int = 0,
         **llm_kwargs,
     ) -> None:
+        if sketch_projection is not None and sketch_top_k < 1:  # vLLM returns top-K log-probs, never all V of them
+            raise ValueError(f"VLLMEngine: the logprob sketch needs sketch_top_k >= 1, got {sketch_top_k}")
         vllm = import_vllm()
         # the HF twin scores kept rollouts for the trainer and checks the shared arguments (temperature > 0)
         self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature)

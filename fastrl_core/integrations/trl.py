@@ -36,7 +36,17 @@ Per step (TRL's order, FastRL's steps added after its advantages):
      `num_items_in_batch` is recomputed from the kept tokens (token-mean losses normalise over kept tokens).
      Pruner loss weights (e.g. `fastrl` with reweight) are folded into the advantages: exact for TRL's clipped
      surrogate (−min(r·wA, clip(r)·wA) = w·(−min(rA, clip(r)A)) for w > 0); the KL term stays unweighted.
-  6. deferred old/ref passes on the kept rows; 7. record the step through `RunWriter` (main process only).
+  6. deferred old/ref passes on the kept rows; 7. record the step (`store.step_rows`, the rows FastRL's own
+     trainer writes, through `RunWriter`; main process only); when `train()` returns the run is marked finished
+     (failed / stopped when it raises).
+
+Run for real under `torchrun --nproc_per_node 2` with gloo on CPU (tests/test_trl_multiprocess.py): every process
+takes the decision one process takes on the same gathered batch (`decide_global`), also when a prompt group
+straddles two processes; a process whose groups are all pruned trains on topped-up rows (without the top-up it
+has no rows, crashes, and the other process fails on the closed connection). Vision-language models: TRL's VLM
+path runs on CPU when `processing_class` is given (e.g. `load_policy(...).processor`, Pil image processor, no video
+processor; tests/test_trl_plugin.py); left to itself TRL calls `AutoProcessor.from_pretrained`, which for
+Qwen2-VL-style checkpoints needs torchvision (video processor) and fails without it.
 
 Departures, on purpose: no adaptive rollout budget — TRL fixes `num_generations` in its sampler and reshapes
 rewards by it, and its vLLM server mode slices completions by equal per-process counts, so a per-prompt rollout
@@ -113,6 +123,25 @@ def balance_kept(keep_mask: Tensor, advantages: Tensor, group_ids: Tensor, *, nu
             order = round_robin_order(advantages[dropped].abs().float(), group_ids[dropped])
             keep[dropped[order[:need]]] = True
     return keep, keep & ~keep_mask
+
+
+def decide_global(batch: GroupBatch, *, pruner: str, keep_ratio: float, min_keep: int, pruner_args: dict,
+                  seed: int, generation: int, num_processes: int, multiple: int
+                  ) -> tuple[PruneResult, Tensor, Tensor]:
+    """The step's keep decision over the gathered batch (N rows, process-major): prune, then `balance_kept`.
+
+    A function of the gathered tensors, the seed and the generation index only, so every process computes the
+    same decision with no further collective, and one process given the same batch computes it too.
+    Returns (decision, keep (N,) bool, topped_up (N,) bool); put-back rollouts get weight 1 in `decision.weights`.
+    """
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + generation)
+    decision = prune(pruner, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=generator, **pruner_args)
+    keep, topped_up = balance_kept(decision.keep_mask, batch.advantages, batch.group_ids,
+                                   num_processes=num_processes, multiple=multiple)
+    if topped_up.any():  # put-back rollouts train with their true advantage at weight 1
+        decision = PruneResult(decision.keep_mask, decision.scores, decision.reasons,
+                               torch.where(topped_up, 1.0, decision.weights))
+    return decision, keep, topped_up
 
 
 def select_rows(batch: dict[str, Any], index: Tensor) -> dict[str, Any]:
@@ -202,6 +231,19 @@ class FastRLGRPOTrainer(GRPOTrainer):
         self._deferred: list[_DeferredPass] = []
         self._stash: dict[str, Any] = {}
         self._seconds: dict[str, float] = {}
+
+    def train(self, *args, **kwargs):
+        """TRL's training loop; the run's store entry is then marked "finished" ("stopped" on Ctrl-C, "failed" on
+        an error) instead of staying "running", which the dashboard shows as a live run."""
+        try:
+            result = super().train(*args, **kwargs)
+        except BaseException as error:
+            if self._writer is not None:
+                self._writer.finish("stopped" if isinstance(error, KeyboardInterrupt) else "failed")
+            raise
+        if self._writer is not None:
+            self._writer.finish("finished")
+        return result
 
     # ---- hooks into TRL's step ---------------------------------------------------------------------------------
     def _generate(self, prompts: list):
@@ -318,17 +360,11 @@ class FastRLGRPOTrainer(GRPOTrainer):
         self._seconds["sketch"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self.fastrl_generation)
-        decision = prune(self.fastrl_pruner, GroupBatch(group_ids, torch.nan_to_num(rewards), advantages, sketches,
-                                                        token_ids),
-                         keep_ratio=self.fastrl_keep_ratio, min_keep=self.fastrl_min_keep, generator=generator,
-                         **self.fastrl_pruner_args)
-        keep, topped_up = balance_kept(decision.keep_mask, advantages, group_ids,
-                                       num_processes=self.accelerator.num_processes,
-                                       multiple=self.args.steps_per_generation)
-        if topped_up.any():  # put-back rollouts train with their true advantage at weight 1
-            decision = PruneResult(decision.keep_mask, decision.scores, decision.reasons,
-                                   torch.where(topped_up, 1.0, decision.weights))
+        decision, keep, topped_up = decide_global(
+            GroupBatch(group_ids, torch.nan_to_num(rewards), advantages, sketches, token_ids),
+            pruner=self.fastrl_pruner, keep_ratio=self.fastrl_keep_ratio, min_keep=self.fastrl_min_keep,
+            pruner_args=self.fastrl_pruner_args, seed=self.args.seed, generation=self.fastrl_generation,
+            num_processes=self.accelerator.num_processes, multiple=self.args.steps_per_generation)
         self._stash.update(rewards=rewards, advantages=advantages, group_ids=group_ids)
         self._seconds["prune"] = time.perf_counter() - start
         return decision, keep, topped_up, sketches
@@ -348,7 +384,7 @@ class FastRLGRPOTrainer(GRPOTrainer):
         lengths = gather_object([len(tokens) for tokens in stash["completion_ids"]])
         if not self.accelerator.is_main_process:
             return
-        from fastrl_core.store import RunWriter, image_key
+        from fastrl_core.store import RunWriter, StepResult, image_key, step_rows
 
         if self._writer is None:
             self._writer = RunWriter(self.fastrl_store_dir, name=self.fastrl_run_name, config=self._run_config(),
@@ -370,36 +406,20 @@ class FastRLGRPOTrainer(GRPOTrainer):
             if ref is not None:
                 images[ref] = png
             image_refs.append(ref)
+        firsts = [g * self.num_generations for g in range(num_groups)]
         reasons = [TOPPED_UP if up else Reason(int(r)).name for r, up in zip(decision.reasons.tolist(),
                                                                               topped_up.tolist())]
-        rollouts = [{
-            "rollout_id": f"{self.fastrl_generation}-{i}", "prompt_id": prompt_ids[g], "image_ref": image_refs[g],
-            "question": questions[i], "answer": answers[i], "completion": completions[i],
-            "reward": float(rewards[i]), "format_reward": None, "accuracy_reward": self._accuracy(i),
-            "advantage": float(advantages[i]), "kept": bool(keep[i]), "reason": reasons[i],
-            "score": float(decision.scores[i]), "weight": float(decision.weights[i]) if keep[i] else 0.0,
-            "length": int(lengths[i]), "sketch": sketches[i].numpy(),
-        } for i, g in enumerate(group_ids.tolist())]
-        groups = []
-        for g in range(num_groups):
-            members = group_ids == g
-            group_rewards = rewards[members]
-            groups.append({"prompt_id": prompt_ids[g], "reward_mean": float(group_rewards.nanmean()),
-                           "reward_std": float(_nanstd(group_rewards)), "sampled": int(members.sum()),
-                           "kept": int((keep & members).sum())})
-        accuracy = self._accuracy(None)
-        seconds = dict(self._seconds)
+        seconds = dict.fromkeys(PHASES, 0.0) | self._seconds
         seconds["store"] = time.perf_counter() - start
-        step_row = {
-            "rollouts_sampled": len(rollouts), "rollouts_kept": int(keep.sum()),
-            "rollouts_per_prompt": float(self.num_generations), "reward_mean": float(rewards.nanmean()),
-            "accuracy": accuracy if accuracy is not None else float("nan"), "loss": None, "kl": None,
-            "clip_fraction": None, "zero_variance_groups": sum(g["reward_std"] == 0 for g in groups),
-            "rollouts_topped_up": int(topped_up.sum()), "global_step": int(self.state.global_step),
-            **{f"time_{phase}": seconds.get(phase, 0.0) for phase in PHASES},
-        }
-        self._writer.write_step(self.fastrl_generation, step_row=step_row, groups=groups, rollouts=rollouts,
-                                images=images)
+        rows = step_rows(StepResult(
+            step=self.fastrl_generation, prompt_ids=prompt_ids, questions=[questions[i] for i in firsts],
+            answers=[answers[i] for i in firsts], image_refs=image_refs, images=images, group_index=group_ids,
+            completions=completions, lengths=lengths, rewards=rewards, advantages=advantages, keep_mask=keep,
+            reasons=reasons, scores=decision.scores, weights=decision.weights, sketches=sketches,
+            accuracy_rewards=[self._accuracy(i) for i in range(len(completions))], seconds=seconds,
+            metrics={"loss": None, "kl": None, "clip_fraction": None, "rollouts_topped_up": int(topped_up.sum()),
+                     "global_step": int(self.state.global_step)}))
+        rows.write_to(self._writer)
 
     def _accuracy(self, row: int | None) -> float | None:
         """The accuracy reward of rollout `row`, or its mean over the step (None without an accuracy reward)."""
@@ -413,12 +433,6 @@ class FastRLGRPOTrainer(GRPOTrainer):
         return {"trl_args": self.args.to_dict(), "pruner": self.fastrl_pruner, "keep_ratio": self.fastrl_keep_ratio,
                 "min_keep": self.fastrl_min_keep, "pruner_args": self.fastrl_pruner_args,
                 "sketch": "tokens", "sketch_dim": self.fastrl_sketch_dim, "defer_scoring": self.fastrl_defer_scoring}
-
-
-def _nanstd(values: Tensor) -> Tensor:
-    """Population std ignoring NaN (0 for fewer than two values)."""
-    values = values[~torch.isnan(values)]
-    return values.std(unbiased=False) if values.numel() > 1 else torch.zeros(())
 
 
 def _first_image_png(example: dict) -> bytes | None:

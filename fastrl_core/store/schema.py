@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "update", "store")
-"""Training-step phases timed in the steps table, as `time_<phase>` seconds."""
+"""Training-step phases timed in the steps table, as `time_<phase>` wall-clock and `cpu_<phase>` CPU seconds."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ STEPS = [
     _c("clip_fraction", FLOAT, nullable=True, required=False),
     _c("zero_variance_groups", INT),
     *[_c(f"time_{phase}", FLOAT, nullable=True, required=False) for phase in PHASES],
+    # process CPU seconds per phase (PhaseTimer); absent in stores written before they were recorded
+    *[_c(f"cpu_{phase}", FLOAT, nullable=True, required=False) for phase in PHASES],
 ]
 
 GROUPS = [

@@ -1,0 +1,222 @@
+"""The config check `load_config` runs before any model, dataset or store is touched.
+
+Everything is read from the code at call time, never from a list kept here, so a pruner, budget controller,
+loss or config key added elsewhere is checked the same way:
+
+- names (`objective`, `advantage`, `pruner`, `budget`, `sketch`, `engine`, `template`) against their registries;
+- the keys of `objective_args`, `pruner_args`, `budget_args` against the keyword parameters of the registered
+  function / controller init (`inspect.signature`, minus those the trainer passes itself), and their values
+  against the parameters' annotations (or the default's type);
+- the argument values the way the code itself checks them: `budget_init` and a one-token `policy_loss` dry run
+  (both pure and cheap), so a range rule lives in one place, next to the code that needs it;
+- each `TrainConfig` field's `bounds` (config.py) and finiteness; `device`;
+- the engine / sketch combination (`fastrl_core.engines.resolve.resolve_sketch`), and `recompute_old_logprobs`
+  auto (None) resolved per engine;
+- `model` and `dataset` given as local paths that do not exist.
+
+`check_environment` is the machine-side part (vLLM installed, a CUDA device visible), run by the trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import typing
+from pathlib import Path
+from typing import Any, Callable
+
+from fastrl_core.config import ConfigError, TrainConfig, allowed_types, coerce, describe_bounds, in_bounds
+
+
+def registry_names() -> dict[str, list[str]]:
+    """Valid names of each config key that names a registry entry."""
+    from fastrl_core.algo.advantages import ADVANTAGES
+    from fastrl_core.algo.budgets import BUDGETS
+    from fastrl_core.algo.minibatches import MINIBATCH_MODES
+    from fastrl_core.algo.objectives import POLICY_LOSSES
+    from fastrl_core.algo.pruners import PRUNERS
+    from fastrl_core.algo.sketches import SKETCHES
+    from fastrl_core.data.templates import TEMPLATES
+    from fastrl_core.engines.resolve import ENGINES
+
+    return {"objective": POLICY_LOSSES.names(), "advantage": ADVANTAGES.names(), "pruner": PRUNERS.names(),
+            "budget": BUDGETS.names(), "sketch": SKETCHES.names(), "engine": sorted(ENGINES),
+            "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names()}
+
+
+def _keyword_parameters(fn: Callable, exclude: set[str]) -> tuple[dict[str, inspect.Parameter], bool]:
+    """(keyword parameters of `fn` a config may set, whether it also takes **kwargs)."""
+    try:
+        signature = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError, SyntaxError):  # an annotation that does not evaluate: names only
+        signature = inspect.signature(fn)
+    params = {p.name: p for p in signature.parameters.values() if p.name not in exclude and (
+        p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD and p.default is not p.empty)}
+    return params, any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+def argument_parameters(key: str, name: str) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The keyword parameters `<key>` (objective_args, pruner_args, budget_args) may set for registry entry
+    `name`, and whether the entry takes any keyword (**kwargs)."""
+    if key == "objective_args":
+        from fastrl_core.algo.objectives import POLICY_LOSSES, hyperparameters
+
+        settable = set(hyperparameters(name))
+        params, var_keyword = _keyword_parameters(POLICY_LOSSES.get(name), set())
+        return {k: p for k, p in params.items() if k in settable}, var_keyword
+    if key == "pruner_args":
+        from fastrl_core.algo.pruners import PRUNERS, prune
+
+        passed = {p.name for p in inspect.signature(prune).parameters.values() if p.kind is p.KEYWORD_ONLY}
+        return _keyword_parameters(PRUNERS.get(name), passed)  # prune() passes keep_ratio, min_keep, generator
+    if key == "budget_args":
+        from fastrl_core.algo.budgets import BUDGETS
+
+        return _keyword_parameters(BUDGETS.get(name).init, {"n"})  # n is the trainer's rollouts_per_prompt
+    raise KeyError(key)
+
+
+ARGUMENT_KEYS = {"objective_args": ("objective", "policy loss"), "pruner_args": ("pruner", "pruner"),
+                 "budget_args": ("budget", "budget controller")}
+
+
+def _check_value(value: Any, param: inspect.Parameter, key: str, where: str) -> Any:
+    """`value` checked (and int -> float coerced) against the parameter's annotation, or its default's type."""
+    annotation = param.annotation
+    if typing.get_origin(annotation) is typing.Literal:
+        options = typing.get_args(annotation)
+        if value not in options:
+            raise ConfigError(f"{where}{key}={value!r}: choose one of {list(options)}")
+        return value
+    allowed = None if annotation is param.empty or isinstance(annotation, str) else allowed_types(annotation)
+    if allowed is None and param.default is not param.empty and param.default is not None:
+        allowed = (type(param.default),)
+    return value if allowed is None else coerce(value, allowed, key, where)
+
+
+def _check_arguments(config: TrainConfig, key: str, where: Callable[[str], str]) -> dict:
+    name_key, kind = ARGUMENT_KEYS[key]
+    name = getattr(config, name_key)
+    params, var_keyword = argument_parameters(key, name)
+    checked = {}
+    for sub, value in getattr(config, key).items():
+        if sub not in params:
+            if var_keyword:
+                checked[sub] = value
+                continue
+            valid = ", ".join(sorted(params)) or "none (it takes no keyword arguments)"
+            raise ConfigError(f"{where(key)}{key}.{sub}: {kind} {name!r} has no parameter {sub!r}; valid: {valid}")
+        checked[sub] = _check_value(value, params[sub], f"{key}.{sub}", where(key))
+    return checked
+
+
+def _check_objective_values(name: str, objective_args: dict, where: str) -> None:
+    """Run the loss once on a one-token batch, called as the trainer calls it, so that the loss's own value
+    checks (epsilon, beta, aggregation, ...) report a bad value now rather than after the first rollouts."""
+    import torch
+
+    from fastrl_core.algo.objectives import policy_loss
+
+    zeros = torch.zeros(1, 1)
+    try:
+        policy_loss(name, zeros.clone().requires_grad_(), zeros, torch.zeros(1), torch.ones(1, 1, dtype=torch.bool),
+                    ref_logprobs=zeros, rollout_weights=torch.ones(1), **objective_args)
+    except (ValueError, TypeError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise ConfigError(f"{where}objective_args {objective_args}: policy loss {name!r}: {message}") from None
+
+
+def _check_budget_values(name: str, n: int, budget_args: dict, where: str) -> None:
+    from fastrl_core.algo.budgets import budget_init
+
+    try:
+        budget_init(name, n=n, **budget_args)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{where}budget_args {budget_args} with rollouts_per_prompt={n}: {error}") from None
+
+
+def _looks_local(value: str) -> bool:
+    """A path rather than a hub name ("owner/name"): absolute, starting with '.' or '~', a .jsonl/.parquet file, or
+    more than two path parts."""
+    path = Path(value)
+    return path.is_absolute() or value.startswith((".", "~")) or path.suffix in (".jsonl", ".parquet") \
+        or len(path.parts) > 2
+
+
+def check_source(key: str, value: str, special: str, where: str = "") -> None:
+    """A model / dataset given as a local path must exist (a hub name 'owner/name' is left to the loader)."""
+    if value != special and _looks_local(value) and not Path(value).expanduser().exists():
+        raise ConfigError(f"{where}{key}={value!r}: no such file or folder (give {special!r}, a hub name "
+                          "'owner/name' or an existing local path)")
+
+
+def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) -> TrainConfig:
+    """`config` checked and resolved (argument values coerced to their parameter types, `recompute_old_logprobs`
+    auto -> a bool); raises ConfigError naming the key, the bad value and the valid ones. Touches no model, dataset
+    or store. `sources` maps keys to where they were set (a file name or "command line"), for the message.
+    Idempotent: check_config(check_config(c)) == check_config(c)."""
+    from fastrl_core.engines.resolve import (ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs,
+                                             resolve_sketch)
+
+    sources = sources or {}
+
+    def where(*keys: str) -> str:
+        found = [sources[k] for k in keys if k in sources]
+        return f"{found[-1]}: " if found else ""
+
+    hints, coerced = typing.get_type_hints(TrainConfig), {}
+    for f in dataclasses.fields(TrainConfig):
+        value = getattr(config, f.name)
+        allowed = allowed_types(hints.get(f.name))
+        if allowed is not None:
+            value = coerced[f.name] = coerce(value, allowed, f.name, where(f.name))
+        bounds = f.metadata.get("bounds")
+        if bounds and isinstance(value, (int, float)) and not isinstance(value, bool) and not in_bounds(value, bounds):
+            raise ConfigError(f"{where(f.name)}{f.name}={value!r} is out of range: it must be "
+                              f"{describe_bounds(bounds)}")
+    config = dataclasses.replace(config, **coerced)  # a TrainConfig built in code may hold an int for a float
+
+    for key, valid in registry_names().items():
+        value = getattr(config, key)
+        if value not in valid:
+            raise ConfigError(f"{where(key)}{key}={value!r} is unknown; valid: {', '.join(valid)}")
+
+    updates = {key: _check_arguments(config, key, where) for key in ARGUMENT_KEYS}
+    _check_objective_values(config.objective, updates["objective_args"], where("objective_args", "objective"))
+    _check_budget_values(config.budget, config.rollouts_per_prompt, updates["budget_args"],
+                         where("budget_args", "budget", "rollouts_per_prompt"))
+
+    import torch
+
+    try:
+        device = torch.device(config.device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"{where('device')}device={config.device!r} is not a torch device; valid: cpu, cuda, "
+                          "cuda:<index>") from None
+    devices = ENGINES[config.engine].devices
+    if devices is not None and device.type not in devices:
+        raise ConfigError(f"{where('device', 'engine')}device={config.device!r} with engine={config.engine!r}: "
+                          f"that engine needs device {' or '.join(devices)}")
+    try:
+        resolve_sketch(config.engine, config.sketch, config.sketch_top_k, config.pruner)
+    except UnsupportedSketch as error:
+        raise ConfigError(f"{where('sketch', 'sketch_top_k', 'engine', 'pruner')}{error}") from None
+
+    for key, special in (("model", "embedded"), ("dataset", "synthetic")):
+        check_source(key, getattr(config, key), special, where(key))
+
+    updates["recompute_old_logprobs"] = resolve_recompute_old_logprobs(config.engine, config.recompute_old_logprobs)
+    return dataclasses.replace(config, **updates)
+
+
+def check_environment(config: TrainConfig) -> None:
+    """What this machine must have for `config` (vLLM installed, a CUDA device); ConfigError otherwise."""
+    import torch
+
+    if config.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        from fastrl_core.engines.vllm import INSTALL_HINT
+
+        raise ConfigError(f"engine='vllm': {INSTALL_HINT}")
+    if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={config.device!r}: no CUDA device is visible on this machine")

@@ -1,0 +1,75 @@
+"""What each rollout engine can do, and the one place that turns a config's sketch settings into a sketch kind.
+
+Pure: imports neither transformers nor vLLM, so the config check (`fastrl_core.checks`) runs before any model loads.
+
+| engine | sketches it can give   | log-probs it returns                        | old log-probs recomputed by default |
+|--------|------------------------|---------------------------------------------|-------------------------------------|
+| hf     | lm_head, tokens        | the trainer's own forward (match to ~1e-6)  | no                                  |
+| vllm   | logprob, tokens        | top-K only, from vLLM's kernels             | yes (README step 7)                 |
+
+`lm_head` needs the last hidden states, which vLLM does not return; `logprob` needs top-K log-probs, which the HF
+engine does not collect (it has the logits and hidden states, i.e. the richer `lm_head` sketch). `tokens` is
+model-free (hashed completion token sets) and works with either. The pruners that read a sketch at all are
+`fastrl_core.algo.pruners.SKETCH_PRUNERS`; for every other pruner no sketch is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    sketches: frozenset[str]  # sketch kinds the engine can produce (fastrl_core.algo.sketches.SKETCHES names)
+    same_numerics: bool  # its behaviour log-probs equal the trainer's forward, so the old pass can be skipped
+    needs_top_k: bool  # its sketches need sketch_top_k >= 1 (it cannot return the whole vocabulary's log-probs)
+    devices: tuple[str, ...] | None  # torch device types the trainer's policy may be on (None: any)
+
+
+ENGINES: dict[str, EngineSpec] = {
+    "hf": EngineSpec(frozenset({"lm_head", "tokens"}), same_numerics=True, needs_top_k=False, devices=None),
+    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), same_numerics=False, needs_top_k=True, devices=("cuda",)),
+}
+# sketch kinds the engine computes while sampling, from a random projection of the policy's output layer
+PROJECTED_SKETCHES = frozenset({"lm_head", "logprob"})
+
+
+class UnsupportedSketch(ValueError):
+    """An (engine, sketch, sketch_top_k) combination the engine cannot do; the message says what works."""
+
+
+def engine_spec(engine: str) -> EngineSpec:
+    try:
+        return ENGINES[engine]
+    except KeyError:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINES)}") from None
+
+
+def resolve_sketch(engine: str, sketch: str, sketch_top_k: int, pruner: str) -> str | None:
+    """The sketch kind the trainer computes: `sketch` itself, or None when `pruner` reads no sketch.
+
+    Raises `UnsupportedSketch` for a pair the engine cannot do (never a silent substitute): lm_head on vLLM
+    (no hidden states), logprob on HF (use lm_head, which it contains), sketch_top_k = 0 (whole vocabulary) on
+    vLLM, which returns at most top-K log-probs per token.
+    """
+    from fastrl_core.algo.pruners import SKETCH_PRUNERS
+
+    spec = engine_spec(engine)
+    if pruner not in SKETCH_PRUNERS:
+        return None
+    if sketch not in spec.sketches:
+        hint = {("vllm", "lm_head"): "vLLM returns no hidden states",
+                ("hf", "logprob"): "the HF engine computes the lm_head sketch, which has the hidden-state factor "
+                                   "logprob lacks"}.get((engine, sketch), f"engine {engine!r} cannot compute it")
+        raise UnsupportedSketch(f"sketch={sketch!r} with engine={engine!r}: {hint}; pruner {pruner!r} reads sketches, "
+                                f"so choose sketch from {sorted(spec.sketches)}")
+    if sketch in PROJECTED_SKETCHES and spec.needs_top_k and sketch_top_k < 1:
+        raise UnsupportedSketch(f"sketch_top_k={sketch_top_k} with engine={engine!r}: it returns only the top-K "
+                                f"log-probs per token, not the whole vocabulary; set sketch_top_k >= 1 (e.g. 20)")
+    return sketch
+
+
+def resolve_recompute_old_logprobs(engine: str, value: bool | None) -> bool:
+    """`recompute_old_logprobs`: as given, or (None = auto) True exactly when the engine's numerics differ from the
+    trainer's forward (vLLM), as the old-log-prob pass of README step 7 assumes."""
+    return (not engine_spec(engine).same_numerics) if value is None else bool(value)

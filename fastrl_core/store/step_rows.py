@@ -1,0 +1,183 @@
+"""One builder of a training step's store rows (steps row, groups rows, rollouts rows, images), used by the trainer,
+the TRL plug-in and scripts/gpu_check.py, so each fact of a step is computed in one place.
+
+A caller fills a `StepResult` (N rollouts in G prompt groups; arrays may be NumPy arrays, CPU tensors or lists)
+and writes `step_rows(result).write_to(writer)`. The per-group statistics (`group_stats`) are the ones the budget
+controllers read too. NumPy only: the store (and the app that reads it) does not import torch.
+
+Definitions (one place each):
+- group reward mean / std: over the group's rollouts whose reward is not NaN (a TRL reward function may return
+  None); std is the population std, set to exactly 0 below 1e-9 (a group of equal rewards). A group with no
+  rollouts has mean 0 and std 0; one whose rewards are all NaN has mean NaN and std 0.
+- `zero_variance_groups`: sampled groups with std 0 (a prompt a budget skipped, 0 rollouts, is not one). `rollouts_per_prompt`: N / G. `reward_mean`: mean of the non-NaN
+  rewards. `accuracy`: mean of the accuracy rewards given (NaN without any). `format_rate`: mean format reward
+  (only when format rewards are given).
+- a rollout's recorded `weight` is its loss weight when kept and 0 when pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def _numpy(values: Any, dtype=None) -> np.ndarray:
+    """A NumPy array of `values` (a NumPy array, a list, or a tensor: detached and moved to the CPU first)."""
+    if hasattr(values, "detach"):  # a torch tensor, without importing torch here
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=dtype)
+
+
+def _mean(values: np.ndarray) -> float:
+    """Mean of the non-NaN values; NaN when there are none (no warning)."""
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per prompt group (G,): reward mean and population std (module docstring), rollouts sampled and kept."""
+
+    reward_mean: np.ndarray  # (G,) float64
+    reward_std: np.ndarray  # (G,) float64
+    sampled: np.ndarray  # (G,) int64
+    kept: np.ndarray  # (G,) int64
+
+
+def group_stats(rewards: Any, group_index: Any, keep_mask: Any, num_groups: int) -> GroupStats:
+    """Statistics of each of `num_groups` groups; rewards, group_index (in [0, G)) and keep_mask are (N,)."""
+    rewards = _numpy(rewards, np.float64).reshape(-1)
+    group_index = _numpy(group_index, np.int64).reshape(-1)
+    keep_mask = _numpy(keep_mask, bool).reshape(-1)
+    if not rewards.shape == group_index.shape == keep_mask.shape:
+        raise ValueError(f"group_stats: rewards {rewards.shape}, group_index {group_index.shape} and keep_mask "
+                         f"{keep_mask.shape} must have one entry per rollout")
+    if group_index.size and (group_index.min() < 0 or group_index.max() >= num_groups):
+        raise ValueError(f"group_stats: group_index must lie in [0, {num_groups}), got "
+                         f"{group_index.min()}..{group_index.max()}")
+    sampled = np.bincount(group_index, minlength=num_groups)
+    kept = np.bincount(group_index[keep_mask], minlength=num_groups)
+    present = ~np.isnan(rewards)
+    ids, values = group_index[present], rewards[present]
+    counted = np.bincount(ids, minlength=num_groups)
+    total = np.bincount(ids, weights=values, minlength=num_groups)
+    mean = np.where(counted > 0, total / np.maximum(counted, 1), np.where(sampled > 0, np.nan, 0.0))
+    squares = np.bincount(ids, weights=(values - mean[ids]) ** 2, minlength=num_groups)
+    std = np.sqrt(squares / np.maximum(counted, 1))
+    std[std < 1e-9] = 0.0
+    return GroupStats(mean, std, sampled.astype(np.int64), kept.astype(np.int64))
+
+
+@dataclass
+class StepResult:
+    """One training step as the store records it: N rollouts in G prompt groups (group g = the step's prompt g)."""
+
+    step: int
+    prompt_ids: Sequence[str]  # (G,) unique within the step
+    questions: Sequence[str | None]  # (G,)
+    answers: Sequence[str | None]  # (G,) gold answers
+    image_refs: Sequence[str | None]  # (G,) image_key of each prompt's PNG, None without an image
+    images: Mapping[str, bytes]  # {image_ref: PNG} for refs the run's store may not hold yet
+    group_index: Any  # (N,) int: each rollout's group, in [0, G)
+    completions: Sequence[str]  # (N,)
+    lengths: Any  # (N,) int: completion tokens
+    rewards: Any  # (N,) float: overall reward (NaN: no reward)
+    advantages: Any  # (N,) float
+    keep_mask: Any  # (N,) bool: the rollout entered the update
+    reasons: Sequence[str]  # (N,) why it was kept or pruned (pruner `Reason` names, or a caller's own)
+    scores: Any  # (N,) float: the pruner's score
+    weights: Any  # (N,) float: loss weight of each kept rollout
+    sketches: Any | None = None  # (N, D) gradient sketches
+    format_rewards: Any | None = None  # (N,) float
+    accuracy_rewards: Sequence[float | None] | None = None  # (N,); None where a rollout has none
+    seconds: Mapping[str, float] = field(default_factory=dict)  # wall-clock seconds per phase -> `time_<phase>`
+    cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # process CPU seconds per phase -> `cpu_<phase>`
+    metrics: Mapping[str, Any] = field(default_factory=dict)  # further steps columns: loss, kl, lr, epoch_end, ...
+    wall_time: float | None = None  # training seconds so far (None: the writer's clock)
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The arguments of `RunWriter.write_step` for one step, and the groups' statistics."""
+
+    step: int
+    step_row: dict
+    groups: list[dict]
+    rollouts: list[dict]  # empty when rollouts are not logged
+    images: dict[str, bytes]
+    stats: GroupStats
+
+    def write_to(self, writer) -> None:
+        writer.write_step(self.step, step_row=self.step_row, groups=self.groups, rollouts=self.rollouts,
+                          images=self.images)
+
+
+def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
+    """The store rows of `result` (module docstring for each definition); `log_rollouts=False` leaves the
+    rollouts rows (texts and sketches) out, as `RunWriter.write_step` allows."""
+    num_groups = len(result.prompt_ids)
+    for name in ("questions", "answers", "image_refs"):
+        if len(getattr(result, name)) != num_groups:
+            raise ValueError(f"StepResult.{name} has {len(getattr(result, name))} entries for {num_groups} prompts")
+    rewards = _numpy(result.rewards, np.float64).reshape(-1)
+    keep = _numpy(result.keep_mask, bool).reshape(-1)
+    stats = group_stats(rewards, result.group_index, keep, num_groups)
+    n = rewards.size
+    per_rollout = {"completions": result.completions, "lengths": result.lengths, "advantages": result.advantages,
+                   "reasons": result.reasons, "scores": result.scores, "weights": result.weights,
+                   "format_rewards": result.format_rewards, "accuracy_rewards": result.accuracy_rewards,
+                   "sketches": result.sketches}
+    for name, values in per_rollout.items():
+        if values is not None and len(values) != n:
+            raise ValueError(f"StepResult.{name} has {len(values)} entries for {n} rollouts")
+
+    accuracy = result.accuracy_rewards
+    accuracy_values = np.array([np.nan if a is None else a for a in accuracy] if accuracy is not None else [],
+                               dtype=np.float64)
+    step_row = {
+        "rollouts_sampled": int(n), "rollouts_kept": int(keep.sum()),
+        "rollouts_per_prompt": n / num_groups if num_groups else 0.0,
+        "reward_mean": _mean(rewards), "accuracy": _mean(accuracy_values),
+        "zero_variance_groups": int(((stats.reward_std == 0) & (stats.sampled > 0)).sum()),
+    }
+    if result.format_rewards is not None:
+        step_row["format_rate"] = _mean(_numpy(result.format_rewards, np.float64).reshape(-1))
+    step_row.update(result.metrics)
+    step_row.update({f"time_{phase}": float(seconds) for phase, seconds in result.seconds.items()})
+    step_row.update({f"cpu_{phase}": float(seconds) for phase, seconds in result.cpu_seconds.items()})
+    if result.wall_time is not None:
+        step_row["wall_time"] = float(result.wall_time)
+
+    groups = [{"prompt_id": prompt_id, "reward_mean": float(mean), "reward_std": float(std), "sampled": int(s),
+               "kept": int(k)}
+              for prompt_id, mean, std, s, k in zip(result.prompt_ids, stats.reward_mean.tolist(),
+                                                    stats.reward_std.tolist(), stats.sampled.tolist(),
+                                                    stats.kept.tolist())]
+    rollouts = _rollout_rows(result, rewards, keep) if log_rollouts else []
+    return StepRows(int(result.step), step_row, groups, rollouts, dict(result.images), stats)
+
+
+def _rollout_rows(result: StepResult, rewards: np.ndarray, keep: np.ndarray) -> list[dict]:
+    """One row per rollout; plain lists first (indexing an array once per value is slow)."""
+    group = _numpy(result.group_index, np.int64).reshape(-1).tolist()
+    lengths = _numpy(result.lengths, np.int64).reshape(-1).tolist()
+    advantages = _numpy(result.advantages, np.float64).reshape(-1).tolist()
+    scores = _numpy(result.scores, np.float64).reshape(-1).tolist()
+    weights = np.where(keep, _numpy(result.weights, np.float64).reshape(-1), 0.0).tolist()
+    kept, reward = keep.tolist(), rewards.tolist()
+    formats = (_numpy(result.format_rewards, np.float64).reshape(-1).tolist() if result.format_rewards is not None
+               else [None] * len(reward))
+    accuracy = ([None if a is None else float(a) for a in result.accuracy_rewards]
+                if result.accuracy_rewards is not None else [None] * len(reward))
+    sketches = _numpy(result.sketches, np.float32) if result.sketches is not None else None  # rows are views
+    prefix = f"{int(result.step)}-"
+    return [{
+        "rollout_id": f"{prefix}{i}", "prompt_id": result.prompt_ids[g], "image_ref": result.image_refs[g],
+        "question": result.questions[g], "answer": result.answers[g], "completion": result.completions[i],
+        "reward": reward[i], "format_reward": formats[i], "accuracy_reward": accuracy[i],
+        "advantage": advantages[i], "kept": kept[i], "reason": result.reasons[i], "score": scores[i],
+        "weight": weights[i], "length": lengths[i], "sketch": sketches[i] if sketches is not None else None,
+    } for i, g in enumerate(group)]

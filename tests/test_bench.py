@@ -1,0 +1,152 @@
+"""`fastrl bench`: the plan of methods and seeds, the up-front checks, and a tiny real bench (2 methods x 2 seeds x
+3 steps) that interleaves its runs, writes the report, resumes without re-training, and re-trains an unfinished run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fastrl_core import bench, metrics, store
+from fastrl_core.cli import main
+from fastrl_core.store import layout
+
+TINY = ["steps=3", "eval_every=2", "eval_size=8", "synthetic_train=32", "synthetic_test=8", "prompts_per_step=4",
+        "rollouts_per_prompt=4", "threads=1", "checkpoint_every=0"]
+
+
+def test_plan_adds_each_baseline_with_the_seeds_it_is_paired_on():
+    chosen = bench.plan(["fastrl", "fastrl+gspo"], [0, 1, 2], {"fastrl": [0, 1, 2, 3, 4]})
+    assert list(chosen) == ["grpo", "grpo+gspo", "fastrl", "fastrl+gspo"]  # baselines first
+    assert chosen["grpo"] == [0, 1, 2, 3, 4] and chosen["grpo+gspo"] == [0, 1, 2]
+    assert bench.baseline_of("fastrl+dapo") == "grpo+dapo" and bench.baseline_of("cppo") == "grpo"
+    assert all(bench.baseline_of(m) in bench.METHODS for m in bench.METHODS)
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['nope'\]"):
+        bench.plan(["grpo", "nope"], [0], {})
+    with pytest.raises(ValueError, match=r"--seeds-for names \['cppo'\]"):
+        bench.plan(["fastrl"], [0], {"cppo": [1]})
+    assert bench.parse_seeds("0, 2,5", "--seeds") == [0, 2, 5]
+    for bad in ("", "0,0", "a", "-1"):
+        with pytest.raises(ValueError, match="--seeds"):
+            bench.parse_seeds(bad, "--seeds")
+
+
+def test_bench_rejects_unknown_and_unregistered_methods_before_training(monkeypatch, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["bench", "--methods", "grpo,nope", "--store", str(tmp_path)])
+    assert "unknown method(s) ['nope']" in capsys.readouterr().err
+    monkeypatch.setitem(bench.METHODS, "ghost", ["pruner=ghost_pruner", "budget=ghost_budget"])
+    with pytest.raises(SystemExit):
+        main(["bench", "--methods", "ghost", "--store", str(tmp_path)])
+    err = capsys.readouterr().err  # the config loader or the bench's own check names the method and the pruner
+    assert "method 'ghost'" in err and "ghost_pruner" in err and "cppo" in err  # and the registered ones
+    with pytest.raises(SystemExit):
+        main(["bench", "--seeds-for", "grpo:1", "--store", str(tmp_path)])
+    assert "expected METHOD=SEEDS" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--store", str(tmp_path), "steps=2", "seed=3"])
+    assert "the bench sets seed (--seeds)" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing was trained
+
+
+def test_repeat_check_compares_per_step_ratios():
+    here = [{"method": "grpo", "baseline_method": "grpo", "step_speedup_mean": 1.0, "cpu_step_speedup_mean": 1.0},
+            {"method": "fastrl", "baseline_method": "grpo", "step_speedup_mean": 1.5, "cpu_step_speedup_mean": 1.4}]
+    there = [dict(here[1], step_speedup_mean=1.4, cpu_step_speedup_mean=None)]
+    text, ok = bench.repeat_check(here, there)
+    assert ok and "| fastrl | 1.500× | 1.400× | 7.1% | 1.400× | — | — |" in text and "| grpo |" not in text
+    assert not bench.repeat_check(here, [dict(here[1], step_speedup_mean=1.3)])[1]  # 15 % apart
+    assert not bench.repeat_check(here, [dict(here[1], step_speedup_mean=None)])[1]
+
+
+def _step_mtimes(store_dir, run_id) -> list[int]:
+    return [layout.step_file(store_dir, run_id, "steps", s).stat().st_mtime_ns
+            for s in layout.step_numbers(store_dir, run_id, "steps")]
+
+
+def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
+    store_dir, out = tmp_path / "store", tmp_path / "report"
+    command = ["bench", "--methods", "grpo,fastrl", "--seeds", "0,1", "--store", str(store_dir), "--out", str(out),
+               *TINY]
+    assert main(command) == 0
+    runs = store.read_runs(store_dir)
+    assert len(runs) == 4 and set(runs["status"]) == {"finished"}
+    assert sorted(runs["name"]) == sorted(metrics.bench_run_name(m, s) for m in ("grpo", "fastrl") for s in (0, 1))
+    ids = runs.set_index("name")["run_id"]
+
+    # interleaved: every method's step k is written before any method's step k + 1 (same seed)
+    for seed in (0, 1):
+        times = [_step_mtimes(store_dir, ids[metrics.bench_run_name(m, seed)]) for m in ("grpo", "fastrl")]
+        for k in range(2):
+            assert max(t[k] for t in times) < min(t[k + 1] for t in times)
+    steps = store.read_steps(store_dir, list(ids))
+    assert (steps["cpu_generate"] > 0).all() and (steps["cpu_update"] > 0).all()
+
+    result = json.loads((out / "results.json").read_text())
+    assert (out / "results.md").exists() and (out / "bench.png").stat().st_size > 10_000
+    rows = {(r["method"], r["seed"]): r for r in result["runs"]}
+    assert set(rows) == {(m, s) for m in ("grpo", "fastrl") for s in (0, 1)}
+    grpo, fastrl = rows[("grpo", 0)], rows[("fastrl", 0)]
+    assert grpo["objective"] == "grpo" and grpo["steps"] == 3 and grpo["step_speedup"] == pytest.approx(1.0)
+    mine = steps[steps["run_id"] == fastrl["run_id"]]
+    theirs = steps[steps["run_id"] == grpo["run_id"]]
+    assert fastrl["step_speedup"] == pytest.approx(theirs["wall_time"].iloc[-1] / mine["wall_time"].iloc[-1])
+    assert fastrl["rollouts_sampled"] == mine["rollouts_sampled"].sum()
+    evals = store.read_evals(store_dir, fastrl["run_id"])
+    assert evals["step"].tolist() == [0, 2, 3]
+    assert fastrl["final_accuracy"] == pytest.approx(evals["accuracy"].iloc[1:].mean())
+    summary = {r["method"]: r for r in result["summary"]}
+    ratios = [rows[("fastrl", s)]["step_speedup"] for s in (0, 1)]
+    assert summary["fastrl"]["step_speedup_mean"] == pytest.approx(math.sqrt(ratios[0] * ratios[1]))
+    assert summary["fastrl"]["step_speedup_n"] == 2 and summary["fastrl"]["seeds"] == [0, 1]
+    for key in ("final_accuracy", "auc", "seconds_per_step", "time_update"):
+        assert {f"{key}_{part}" for part in ("mean", "low", "high", "n")} <= set(summary["fastrl"])
+    assert "| fastrl | `pruner=fastrl budget=adaptive` | 2 |" in (out / "results.md").read_text()
+
+    # resumed: nothing is trained again; an unfinished run is trained again from scratch and the old one stopped
+    capsys.readouterr()
+    assert main(command) == 0
+    assert "seed 0: training nothing" in capsys.readouterr().out and len(store.read_runs(store_dir)) == 4
+    stale = ids[metrics.bench_run_name("fastrl", 1)]
+    store.RunWriter.resume(store_dir, stale)  # status back to "running", as after a crash
+    assert main([*command, "--compare", str(out / "results.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "seed 0: training nothing" in printed and "seed 1: training fastrl; finished in the store: grpo" in printed
+    assert "per-step ratios vs" in printed and "| fastrl |" in printed
+    runs = store.read_runs(store_dir).set_index("run_id")
+    assert runs.loc[stale, "status"] == "stopped" and len(runs) == 5
+    again = json.loads((out / "results.json").read_text())
+    assert {r["run_id"] for r in again["runs"]} == (set(ids) - {stale}) | (set(runs.index) - set(ids))
+
+
+def test_a_store_without_cpu_columns_still_reads_compacts_and_compares(tmp_path):
+    """Steps rows written before `cpu_<phase>` existed (the synthetic steps have none) beside a run that has them."""
+    import duckdb
+
+    from fastrl_core.store.synthetic import synthetic_step
+
+    def write(method: str, pruner: str, cpu: bool) -> str:
+        writer = store.RunWriter(tmp_path, name=metrics.bench_run_name(method, 0), config={"seed": 0}, model="m",
+                                 dataset="d", objective="grpo", pruner=pruner, budget="fixed", code_version="t")
+        for step in range(3):
+            kwargs = synthetic_step(step)
+            if cpu:
+                kwargs["step_row"].update({f"cpu_{p}": 0.01 for p in store.PHASES})
+            writer.write_step(step, **kwargs)
+            writer.write_eval(step, "test", 0.5, 8)
+        writer.finish()
+        return writer.run_id
+
+    old, new = write("grpo", "none", cpu=False), write("cppo", "cppo", cpu=True)
+    steps = store.read_steps(tmp_path, [old, new])
+    assert steps.loc[steps["run_id"] == old, "cpu_update"].isna().all()
+    assert (steps.loc[steps["run_id"] == new, "cpu_update"] == 0.01).all()
+    assert store.read_steps(tmp_path, old)["step"].tolist() == [0, 1, 2]
+    with duckdb.connect(str(store.compact(tmp_path, old)), read_only=True) as con:
+        assert con.sql("SELECT count(*) FROM steps").fetchall() == [(3,)]
+    with duckdb.connect(str(store.compact(tmp_path, new)), read_only=True) as con:
+        assert con.sql("SELECT sum(cpu_update) FROM steps").fetchall()[0][0] == pytest.approx(0.03)
+    table = metrics.compare_runs(metrics.run_labels(store.read_runs(tmp_path)), steps,
+                                 store.read_evals(tmp_path, [old, new])).set_index("method")
+    assert table.loc["cppo", "step_speedup"] is not None and table.loc["cppo", "cpu_step_speedup"] is None

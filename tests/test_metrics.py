@@ -1,0 +1,161 @@
+"""fastrl_core.metrics: intervals, curves and speed-ups checked against figures computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastrl_core import metrics
+
+T_975_DF1, T_975_DF2 = 12.706204736, 4.302652730  # Student t quantiles from a printed table
+
+
+def test_mean_ci_by_hand():
+    ci = metrics.mean_ci([1.0, 2.0, 3.0])  # mean 2, s = 1, half = t(0.975, 2) / sqrt(3)
+    assert ci.mean == 2.0 and ci.n == 3
+    assert ci.high - 2.0 == pytest.approx(T_975_DF2 / math.sqrt(3)) and ci.low == pytest.approx(4 - ci.high)
+    one = metrics.mean_ci([0.7, None, float("nan")])  # missing values are left out, one value has no interval
+    assert one.mean == 0.7 and one.n == 1 and math.isnan(one.low) and math.isnan(one.high)
+    assert metrics.mean_ci([]).n == 0 and metrics.mean_ci([]).text() == "—"
+    assert metrics.mean_ci([0.5, 0.5]).text() == "0.500 ± 0.000"
+
+
+def test_ratio_ci_is_taken_on_the_log_ratio():
+    ci = metrics.ratio_ci([2.0, 8.0])  # logs ln2, ln8: mean ln4, sd ln4 / sqrt(2), half = t(0.975, 1) * ln4 / 2
+    assert ci.mean == pytest.approx(4.0) and ci.n == 2
+    assert ci.high == pytest.approx(4.0 * math.exp(T_975_DF1 * math.log(2)))
+    assert ci.low * ci.high == pytest.approx(16.0)  # symmetric in log space
+    inverse = metrics.ratio_ci([0.5, 0.125])
+    assert inverse.mean == pytest.approx(1 / ci.mean) and inverse.low == pytest.approx(1 / ci.high)
+    assert metrics.ratio_ci([1.5, None]).mean == 1.5 and metrics.ratio_ci([None]).n == 0
+    with pytest.raises(ValueError, match="ratios must be > 0"):
+        metrics.ratio_ci([1.0, -2.0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=2, max_size=12))
+def test_mean_ci_contains_the_mean_and_narrows_with_confidence(values):
+    wide, narrow = metrics.mean_ci(values, 0.99), metrics.mean_ci(values, 0.8)
+    assert wide.low <= narrow.low + 1e-9 <= narrow.mean + 2e-9 <= narrow.high + 3e-9 <= wide.high + 4e-9
+    assert narrow.mean == pytest.approx(np.mean(values))
+
+
+def test_trailing_mean_and_final_accuracy():
+    assert metrics.trailing_mean([0.4, 0.5, 0.6, 0.7]).tolist() == pytest.approx([0.4, 0.45, 0.5, 0.6])
+    curve = pd.DataFrame({"step": [0, 1, 2, 3, 4], "accuracy": [0.9, 0.1, 0.5, 0.6, 0.7]})
+    assert metrics.final_accuracy(curve) == pytest.approx(0.6)
+    assert metrics.final_accuracy(curve.iloc[:2]) == pytest.approx(0.1)  # only one evaluation after step 0
+    assert metrics.final_accuracy(curve.iloc[:1]) == pytest.approx(0.9)  # the warm start only
+
+
+def test_eval_curve_times_an_evaluation_by_the_steps_before_it():
+    steps = pd.DataFrame({"step": [0, 1, 2, 3], "wall_time": [1.0, 2.0, 3.0, 4.0],
+                          "cpu_update": [0.5] * 4, "cpu_generate": [0.25] * 4})
+    evals = pd.DataFrame({"step": [0, 2, 4], "accuracy": [0.3, 0.4, 0.5]})
+    curve = metrics.eval_curve(steps, evals)
+    assert curve["wall_time"].tolist() == [0.0, 2.0, 4.0]  # eval at step 2 follows steps 0 and 1
+    assert curve["cpu_time"].tolist() == [0.0, 1.5, 3.0]
+    evals["wall_time"] = [0.0, 2.5, np.nan]  # the eval row's own clock wins when recorded
+    assert metrics.eval_curve(steps, evals)["wall_time"].tolist() == [0.0, 2.5, 4.0]
+    old_store = metrics.eval_curve(steps[["step", "wall_time"]], evals)  # no cpu_ columns: NaN, no error
+    assert old_store["cpu_time"].iloc[1:].isna().all()
+
+
+def test_area_under_curve_by_hand():
+    curve = pd.DataFrame({"step": [0, 1, 2], "wall_time": [0.0, 1.0, 2.0], "accuracy": [0.3, 0.4, 0.5]})
+    assert metrics.area_under_curve(curve, 2.0) == pytest.approx((0.35 + 0.45) / 2)
+    assert metrics.area_under_curve(curve, 1.5) == pytest.approx((0.35 + 0.5 * 0.425) / 1.5)
+    assert metrics.area_under_curve(curve, 4.0) == pytest.approx((0.35 + 0.45 + 2 * 0.5) / 4)  # flat after the end
+    assert math.isnan(metrics.area_under_curve(curve.iloc[1:], 2.0))  # not evaluated at 0 s
+
+
+# Two seeds of GRPO (1 s per step) and FastRL (0.5 s per step), 4 steps, evaluated after every step.
+ACCURACY = {("grpo", 0): [0.3, 0.4, 0.5, 0.6, 0.7], ("grpo", 1): [0.3, 0.5, 0.5, 0.5, 0.5],
+            ("fastrl", 0): [0.3, 0.6, 0.6, 0.6, 0.6], ("fastrl", 1): [0.3, 0.6, 0.7, 0.7, 0.7]}
+RATE = {"grpo": 1.0, "fastrl": 0.5}
+CPU_UPDATE = {"grpo": 0.8, "fastrl": 0.2}
+
+
+def designed() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    labels, steps, evals = [], [], []
+    for (method, seed), accuracy in ACCURACY.items():
+        run_id = f"{method}-{seed}"
+        labels.append({"run_id": run_id, "method": method, "seed": seed, "objective": "grpo",
+                       "is_baseline": method == "grpo"})
+        for step in range(4):
+            steps.append({"run_id": run_id, "step": step, "wall_time": (step + 1) * RATE[method],
+                          "rollouts_sampled": 16, "rollouts_kept": 16 if method == "grpo" else 6,
+                          "time_update": RATE[method] / 2, "cpu_update": CPU_UPDATE[method]})
+        for step, value in enumerate(accuracy):
+            evals.append({"run_id": run_id, "step": step, "accuracy": value, "wall_time": step * RATE[method]})
+    return pd.DataFrame(labels), pd.DataFrame(steps), pd.DataFrame(evals)
+
+
+def test_compare_runs_by_hand():
+    table = metrics.compare_runs(*designed()).set_index("run_id")
+    # GRPO finals 0.6 and 0.5 -> mean 0.55; acc0 0.3; target 0.3 + 0.9 * 0.25 = 0.525
+    assert table["target_accuracy"].tolist() == pytest.approx([0.525] * 4)
+    # trailing means of up to 3 evals after step 0: grpo-0 0.4, 0.45, 0.5, 0.6 -> step 4 = 4 s; grpo-1 0.5 ... ->
+    # never; fastrl-0 0.6 -> step 1 = 0.5 s; fastrl-1 0.6 -> 0.5 s
+    assert table.loc["grpo-0", "time_to_target"] == 4.0 and table.loc["grpo-1", "time_to_target"] is None
+    assert table.loc["fastrl-0", "time_to_target"] == 0.5 and table.loc["fastrl-1", "time_to_target"] == 0.5
+    assert table.loc["fastrl-0", "target_speedup"] == pytest.approx(8.0)
+    assert table.loc["fastrl-1", "target_speedup"] is None  # its GRPO pair never reached the target
+    assert table.loc["fastrl-0", "step_speedup"] == pytest.approx(2.0)  # 4 s vs 2 s for the same 4 steps
+    assert table.loc["fastrl-1", "cpu_step_speedup"] == pytest.approx(4.0)  # 3.2 vs 0.8 CPU s
+    assert table.loc["grpo-1", "step_speedup"] == pytest.approx(1.0)
+    # horizon: the shortest run, 2 s; grpo-0 over [0, 2]: (0.35 + 0.45) / 2; fastrl-0: (0.5 * 0.45 + 1.5 * 0.6) / 2
+    assert table["horizon"].tolist() == [2.0] * 4
+    assert table.loc["grpo-0", "auc"] == pytest.approx(0.4)
+    assert table.loc["fastrl-0", "auc"] == pytest.approx(0.5625)
+    assert table.loc["fastrl-0", "kept_fraction"] == pytest.approx(6 / 16)
+    assert table.loc["fastrl-0", "seconds_per_step"] == 0.5 and table.loc["fastrl-0", "time_update"] == 0.25
+
+
+def test_summarise_gives_intervals_over_seeds():
+    summary = metrics.summarise(metrics.compare_runs(*designed())).set_index("method")
+    fastrl = summary.loc["fastrl"]
+    assert fastrl["seeds"] == [0, 1] and fastrl["target_reached"] == 2 and summary.loc["grpo", "target_reached"] == 1
+    final = metrics.interval(fastrl, "final_accuracy")  # 0.6, 0.7: half = t(0.975, 1) * 0.0707 / sqrt(2)
+    assert final.mean == pytest.approx(0.65) and final.high - final.mean == pytest.approx(T_975_DF1 * 0.05)
+    step = metrics.interval(fastrl, "step_speedup")
+    assert (step.mean, step.low, step.high, step.n) == pytest.approx((2.0, 2.0, 2.0, 2))
+    target = metrics.interval(fastrl, "target_speedup")  # one pair: a value without an interval
+    assert target.mean == pytest.approx(8.0) and target.n == 1 and math.isnan(target.low)
+    assert target.text(".2f", "×") == "8.00× (n=1)"
+
+
+def test_band_is_the_mean_of_the_seeds_curves_with_their_interval():
+    curves = pd.DataFrame({"run_id": ["a", "a", "b", "b"], "wall_time": [0.0, 2.0, 0.0, 4.0],
+                           "accuracy": [0.2, 0.6, 0.4, 0.8]})
+    band = metrics.band(curves, points=3)  # common grid 0, 1, 2: a = 0.2, 0.4, 0.6; b = 0.4, 0.5, 0.6
+    assert band["wall_time"].tolist() == [0.0, 1.0, 2.0]
+    assert band["mean"].tolist() == pytest.approx([0.3, 0.45, 0.6])
+    assert band["high"].iloc[0] - 0.3 == pytest.approx(T_975_DF1 * 0.1414214 / math.sqrt(2))
+    assert band["low"].iloc[2] == pytest.approx(0.6) and (band["n"] == 2).all()
+
+
+def test_run_labels_read_bench_names_and_fall_back_to_the_config():
+    runs = pd.DataFrame({"run_id": ["r1", "r2", "r3", "r4", "r5"],
+                         "name": ["bench-fastrl+gspo-seed3", "bench-grpo-seed0", "x", "fastrl", "grpo"],
+                         "config": ['{"seed": 3}', '{"seed": 0}', '{"seed": 7}', "{}", '{"seed": 1}'],
+                         "pruner": ["fastrl", "none", "cppo", "fastrl", "none"],
+                         "budget": ["adaptive", "fixed", "fixed", "adaptive", "fixed"],
+                         "objective": ["gspo", "grpo", "dapo", "grpo", "grpo"]})
+    labels = metrics.run_labels(runs)
+    assert labels["method"].tolist() == ["fastrl+gspo", "grpo", "cppo+dapo", "fastrl·adaptive", "grpo"]
+    assert labels["seed"].tolist() == [3, 0, 7, 0, 1]
+    assert labels["is_baseline"].tolist() == [False, True, False, False, True]
+    assert metrics.bench_run_name("fastrl+gspo", 3) == "bench-fastrl+gspo-seed3"
+
+
+def test_time_to_target_ignores_the_warm_start_and_says_never():
+    curve = pd.DataFrame({"step": [0, 2, 4, 6], "wall_time": [0.0, 1.0, 2.0, 3.0], "accuracy": [0.9, 0.5, 0.7, 0.6]})
+    assert metrics.time_to_target(curve, 0.6) == 2.0  # trailing means 0.5, 0.6: the 0.9 at step 0 never counts
+    assert metrics.time_to_target(curve, 0.61) is None
+    assert metrics.time_to_target(curve, 0.5, x="step") == 2.0

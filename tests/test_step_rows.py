@@ -1,0 +1,117 @@
+"""The one builder of a step's store rows: group statistics by hand, rows that validate against the store schema
+and are written and read back by the store, and clear errors for mis-sized inputs."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fastrl_core.store import RunWriter, read_groups, read_rollouts, read_steps, schema
+from fastrl_core.store.step_rows import StepResult, group_stats, step_rows
+from fastrl_core.store.synthetic import prompt_png
+from fastrl_core.store.writer import image_key
+
+
+def test_group_stats_by_hand():
+    # group 0: rewards 1, 0, 0.5 -> mean 0.5, population std sqrt((0.25 + 0.25 + 0) / 3) = sqrt(1/6); kept 2
+    # group 1: 1.5, 1.5 -> mean 1.5, std 0; group 2: no rollouts -> 0, 0
+    # group 3: 1, NaN (a reward function gave none) -> mean 1 over the one reward, std 0; group 4: only NaN -> NaN, 0
+    rewards = [1.0, 0.0, 0.5, 1.5, 1.5, 1.0, math.nan, math.nan]
+    groups = [0, 0, 0, 1, 1, 3, 3, 4]
+    keep = [True, False, True, False, False, True, True, False]
+    stats = group_stats(torch.tensor(rewards), torch.tensor(groups), torch.tensor(keep), 5)
+    np.testing.assert_allclose(stats.reward_mean[:4], [0.5, 1.5, 0.0, 1.0])
+    assert math.isnan(stats.reward_mean[4])
+    np.testing.assert_allclose(stats.reward_std, [math.sqrt(1 / 6), 0, 0, 0, 0])
+    assert stats.sampled.tolist() == [3, 2, 0, 2, 1]
+    assert stats.kept.tolist() == [2, 0, 0, 2, 0]
+
+
+def test_group_stats_zeroes_rounding_noise_and_checks_group_ids():
+    stats = group_stats([0.1 + 0.2, 0.3], [0, 0], [True, True], 1)  # 0.30000000000000004 vs 0.3
+    assert stats.reward_std.tolist() == [0.0]
+    with pytest.raises(ValueError, match=r"group_index must lie in \[0, 2\)"):
+        group_stats([1.0, 1.0], [0, 2], [True, True], 2)
+    with pytest.raises(ValueError, match="one entry per rollout"):
+        group_stats([1.0], [0, 0], [True, True], 1)
+
+
+def _result(step=0, **changes) -> StepResult:
+    """Two prompts: p0 with 3 rollouts (one pruned), p1 with 2 equal rewards (both pruned), sketches of D = 4."""
+    png = prompt_png(1)
+    values = dict(
+        step=step, prompt_ids=["p0", "p1"], questions=["How many dots?", "Sides?"], answers=["3", None],
+        image_refs=[image_key(png), None], images={image_key(png): png},
+        group_index=torch.tensor([0, 0, 0, 1, 1]), completions=["a", "b", "c", "d", "e"],
+        lengths=torch.tensor([3, 4, 5, 1, 2]), rewards=torch.tensor([1.5, 0.5, 0.0, 1.0, 1.0]),
+        advantages=torch.tensor([1.2, 0.0, -1.2, 0.0, 0.0]), keep_mask=torch.tensor([True, False, True, False, False]),
+        reasons=["KEPT", "ZERO_ADVANTAGE", "KEPT", "ZERO_ADVANTAGE", "ZERO_ADVANTAGE"],
+        scores=torch.tensor([1.2, 0.0, 1.2, 0.0, 0.0]), weights=torch.tensor([1.0, 0.7, 1.0, 0.0, 0.0]),
+        sketches=torch.arange(20, dtype=torch.float32).view(5, 4), format_rewards=[1.0, 1.0, 0.0, 1.0, 0.0],
+        accuracy_rewards=[1.0, 0.0, None, 0.5, 0.5], seconds={"generate": 0.25, "store": 0.0},
+        cpu_seconds={"generate": 0.125},
+        metrics={"loss": 0.1, "lr": 1e-4, "epoch_end": False}, wall_time=2.5,
+    )
+    values.update(changes)
+    return StepResult(**values)
+
+
+def test_rows_by_hand():
+    rows = step_rows(_result(step=7))
+    row = rows.step_row
+    assert (row["rollouts_sampled"], row["rollouts_kept"], row["rollouts_per_prompt"]) == (5, 2, 2.5)
+    assert row["reward_mean"] == pytest.approx(0.8)
+    assert row["accuracy"] == pytest.approx(0.5)  # mean of 1, 0, 0.5, 0.5 (one rollout has none)
+    assert row["format_rate"] == pytest.approx(0.6)
+    assert row["zero_variance_groups"] == 1  # p1
+    assert (row["time_generate"], row["cpu_generate"], row["wall_time"]) == (0.25, 0.125, 2.5)
+    assert (row["loss"], row["epoch_end"]) == (0.1, False)
+    assert rows.groups == [
+        {"prompt_id": "p0", "reward_mean": pytest.approx(2 / 3), "reward_std": pytest.approx(math.sqrt(7 / 18)),
+         "sampled": 3, "kept": 2},
+        {"prompt_id": "p1", "reward_mean": 1.0, "reward_std": 0.0, "sampled": 2, "kept": 0},
+    ]
+    first, pruned = rows.rollouts[0], rows.rollouts[1]
+    assert first["rollout_id"] == "7-0" and first["prompt_id"] == "p0" and first["question"] == "How many dots?"
+    assert first["image_ref"] == image_key(prompt_png(1)) and rows.rollouts[3]["image_ref"] is None
+    assert pruned["weight"] == 0.0 and first["weight"] == 1.0  # a pruned rollout is recorded with weight 0
+    assert rows.rollouts[2]["accuracy_reward"] is None and rows.rollouts[3]["answer"] is None
+    assert rows.rollouts[4]["sketch"].tolist() == [16.0, 17.0, 18.0, 19.0]
+
+
+def test_rows_validate_against_the_store_schema_and_read_back(tmp_path):
+    rows = step_rows(_result())
+    schema.validate_rows("steps", [rows.step_row], schema.STEPS, extra_numeric=True)
+    schema.validate_rows("groups", rows.groups, schema.GROUPS)
+    schema.validate_rows("rollouts", rows.rollouts, schema.ROLLOUTS)
+    writer = RunWriter(tmp_path, name="rows", config={}, model="m", dataset="d", objective="grpo", pruner="fastrl",
+                       budget="fixed")
+    rows.write_to(writer)
+    step_rows(_result(step=1, images={})).write_to(writer)  # the image is stored once, by step 0
+    step_rows(_result(step=2), log_rollouts=False).write_to(writer)  # groups only
+    steps = read_steps(tmp_path, writer.run_id)
+    assert steps["step"].tolist() == [0, 1, 2] and steps["rollouts_kept"].tolist() == [2, 2, 2]
+    assert len(read_groups(tmp_path, writer.run_id)) == 6
+    rollouts = read_rollouts(tmp_path, writer.run_id)
+    assert len(rollouts) == 10 and rollouts["kept"].sum() == 4
+
+
+def test_trl_style_rows_without_format_or_accuracy_rewards_validate():
+    rows = step_rows(_result(format_rewards=None, accuracy_rewards=None, sketches=None,
+                             rewards=torch.tensor([1.0, math.nan, 0.0, 1.0, 1.0]),
+                             metrics={"loss": None, "rollouts_topped_up": 0}))
+    assert "format_rate" not in rows.step_row and math.isnan(rows.step_row["accuracy"])
+    assert rows.step_row["reward_mean"] == pytest.approx(0.75)  # the NaN reward is left out
+    schema.validate_rows("steps", [rows.step_row], schema.STEPS, extra_numeric=True)
+    schema.validate_rows("rollouts", rows.rollouts, schema.ROLLOUTS)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("completions", ["a"], "StepResult.completions has 1 entries for 5 rollouts"),
+    ("weights", torch.ones(4), "StepResult.weights has 4 entries for 5 rollouts"),
+    ("questions", ["q"], "StepResult.questions has 1 entries for 2 prompts"),
+])
+def test_missized_inputs_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        step_rows(_result(**{field: value}))

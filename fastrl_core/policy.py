@@ -14,6 +14,7 @@ to be sampled (`Policy.suppress_token_ids`), or the next forward fails on an ima
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -136,38 +137,84 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
     return tokenizer
 
 
-def build_tiny_vlm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
-    """A randomly initialised tiny Qwen2.5-VL (NOTES §2): text hidden 128, 2 layers, 4 heads / 2 kv heads;
-    vision depth 2, hidden 64, patch 14, merge 2. Token ids come from `tokenizer`; deterministic by `seed`."""
+@dataclass(frozen=True)
+class VLMWidths:
+    """The sizes of a Qwen2.5-VL built from config (`build_vlm`). Defaults: the tiny model (NOTES §2).
+
+    `vocab_size` None: one output row per tokenizer entry; larger: extra rows no tokenizer id reaches (as in the real
+    Qwen2.5-VL, whose 151,936-row unembedding pads its 151,665-entry tokenizer), which a random model does sample
+    (`HFEngine.decode` drops them). mRoPE's (temporal, height, width) split of head_dim / 2 is Qwen's 1/4, 3/8, 3/8
+    (head_dim 128 -> [16, 24, 24]); the last vision block uses full attention, the others windows of 112 pixels."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    vision_depth: int = 2
+    vision_hidden_size: int = 64
+    vision_intermediate_size: int = 128
+    vision_heads: int = 2
+    vocab_size: int | None = None
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 1024
+
+    def replace(self, **changes) -> VLMWidths:
+        """A copy with `changes` (e.g. `QWEN2_5_VL_3B_WIDTHS.replace(num_layers=2)`)."""
+        return dataclasses.replace(self, **changes)
+
+
+TINY_WIDTHS = VLMWidths()
+# Qwen2.5-VL-3B-Instruct's widths (its config.json); build fewer layers with `.replace(num_layers=..., vision_depth=...)`.
+QWEN2_5_VL_3B_WIDTHS = VLMWidths(
+    hidden_size=2048, intermediate_size=11008, num_layers=36, num_heads=16, num_kv_heads=2, vision_depth=32,
+    vision_hidden_size=1280, vision_intermediate_size=3420, vision_heads=16, vocab_size=151_936, rope_theta=1e6,
+    max_position_embeddings=4096,
+)
+
+
+def build_vlm(
+    tokenizer: PreTrainedTokenizerFast, widths: VLMWidths = TINY_WIDTHS, *, seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Qwen2_5_VLForConditionalGeneration:
+    """A randomly initialised Qwen2.5-VL of `widths` (patch 14, merge 2) in eval mode, cast to `dtype` after a
+    float32 init (so peak memory is the float32 size). Special-token ids come from `tokenizer`; the weights are
+    deterministic by `seed` (drawn inside `torch.random.fork_rng`: the caller's global RNG is left alone)."""
+    if widths.hidden_size % widths.num_heads or (widths.hidden_size // widths.num_heads) % 4:
+        raise ValueError(f"VLMWidths: hidden_size {widths.hidden_size} / num_heads {widths.num_heads} must be a "
+                         f"head_dim divisible by 4 (mRoPE splits head_dim / 2 three ways)")
+    vocab_size = len(tokenizer) if widths.vocab_size is None else widths.vocab_size
+    if vocab_size < len(tokenizer):
+        raise ValueError(f"VLMWidths: vocab_size {vocab_size} is below the tokenizer's {len(tokenizer)} entries")
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    head_dim = 128 // 4
+    half = widths.hidden_size // widths.num_heads // 2
+    mrope_section = [half // 4, 3 * half // 8, half - half // 4 - 3 * half // 8]  # sums to head_dim / 2
     config = Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-            # mrope_section (temporal, height, width) must sum to head_dim / 2.
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]},
+            vocab_size=vocab_size,
+            hidden_size=widths.hidden_size,
+            intermediate_size=widths.intermediate_size,
+            num_hidden_layers=widths.num_layers,
+            num_attention_heads=widths.num_heads,
+            num_key_value_heads=widths.num_kv_heads,
+            max_position_embeddings=widths.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": widths.rope_theta, "mrope_section": mrope_section},
             bos_token_id=ids[PAD_TOKEN],
             eos_token_id=ids[EOS_TOKEN],
             pad_token_id=ids[PAD_TOKEN],
             tie_word_embeddings=False,
         ),
         vision_config=dict(
-            depth=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_heads=2,
+            depth=widths.vision_depth,
+            hidden_size=widths.vision_hidden_size,
+            intermediate_size=widths.vision_intermediate_size,
+            num_heads=widths.vision_heads,
             patch_size=14,
             spatial_merge_size=2,
             temporal_patch_size=2,
             window_size=112,
-            fullatt_block_indexes=[1],
-            out_hidden_size=128,
+            fullatt_block_indexes=[widths.vision_depth - 1],
+            out_hidden_size=widths.hidden_size,
             tokens_per_second=2,
         ),
         image_token_id=ids["<|image_pad|>"],
@@ -176,14 +223,31 @@ def build_tiny_vlm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> Qwen
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=False,
     )
-    assert sum(config.text_config.rope_parameters["mrope_section"]) == head_dim // 2
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2_5_VLForConditionalGeneration(config)
     model.generation_config.eos_token_id = ids[EOS_TOKEN]
     model.generation_config.pad_token_id = ids[PAD_TOKEN]
     model.generation_config.bos_token_id = ids[PAD_TOKEN]
-    return model.eval()
+    return model.to(dtype=dtype).eval()
+
+
+def build_tiny_vlm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+    """A randomly initialised tiny Qwen2.5-VL (NOTES §2): text hidden 128, 2 layers, 4 heads / 2 kv heads;
+    vision depth 2, hidden 64, patch 14, merge 2. Token ids come from `tokenizer`; deterministic by `seed`."""
+    return build_vlm(tokenizer, TINY_WIDTHS, seed=seed)
+
+
+def build_policy(
+    corpus: Iterable[str], widths: VLMWidths = TINY_WIDTHS, *, tokenizer_vocab_size: int = 1024, seed: int = 0,
+    dtype: torch.dtype = torch.float32, image_processor=None,
+) -> Policy:
+    """Tokenizer trained on `corpus` (`tokenizer_vocab_size` entries) + a random Qwen2.5-VL of `widths`
+    (`build_vlm`) + an images-only processor (`build_processor`; default `Qwen2VLImageProcessorPil`, 112x112 max).
+    E.g. `build_policy(corpus, QWEN2_5_VL_3B_WIDTHS.replace(num_layers=2, vision_depth=1), dtype=torch.bfloat16)`."""
+    tokenizer = build_tokenizer(corpus, tokenizer_vocab_size)
+    model = build_vlm(tokenizer, widths, seed=seed, dtype=dtype)
+    return Policy(model, build_processor(tokenizer, image_processor), vision_token_ids(tokenizer, model.config))
 
 
 @dataclass(frozen=True)
@@ -259,9 +323,7 @@ def build_qwen25vl(widths: Qwen25VLWidths, *, seed: int = 0, device: str | torch
 
 def build_tiny_policy(corpus: Iterable[str], *, vocab_size: int = 1024, seed: int = 0) -> Policy:
     """Tokenizer trained on `corpus` + randomly initialised tiny Qwen2.5-VL + images-only processor."""
-    tokenizer = build_tokenizer(corpus, vocab_size)
-    model = build_tiny_vlm(tokenizer, seed=seed)
-    return Policy(model, build_processor(tokenizer), vision_token_ids(tokenizer, model.config))
+    return build_policy(corpus, TINY_WIDTHS, tokenizer_vocab_size=vocab_size, seed=seed)
 
 
 class _ProcessorWithoutVideo:

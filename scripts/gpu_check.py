@@ -74,37 +74,18 @@ def run_config(args, store: Path, *, pruner: str, engine: str, device: torch.dev
 def build_policy(problems, args):
     """Tiny policy (dry run) or a Qwen2.5-VL at Qwen2.5-VL-3B widths with `args.layers` layers, random weights."""
     from fastrl_core.data.templates import TEMPLATES
-    from fastrl_core.policy import Policy, build_processor, build_tiny_policy, build_tokenizer, vision_token_ids
+    from fastrl_core.policy import QWEN2_5_VL_3B_WIDTHS, build_policy as build_widths_policy, build_tiny_policy
     from fastrl_core.warmstart import tokenizer_corpus
 
     corpus = tokenizer_corpus(problems, TEMPLATES)
     if args.dry_run:
         return build_tiny_policy(corpus, vocab_size=512, seed=args.seed)
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessor
+    from transformers import Qwen2VLImageProcessor
 
-    tokenizer = build_tokenizer(corpus, vocab_size=1024)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", "<|image_pad|>",
-                                                           "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=2048, intermediate_size=11008,
-                         num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=2,
-                         max_position_embeddings=4096,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
-                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-                         pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=False),
-        vision_config=dict(depth=args.vision_depth, hidden_size=1280, intermediate_size=3420, num_heads=16,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
-                           fullatt_block_indexes=[args.vision_depth - 1], out_hidden_size=2048, tokens_per_second=2),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(args.seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(dtype=torch.bfloat16).eval()
-    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
-        setattr(model.generation_config, key, getattr(config.text_config, key))
-    processor = build_processor(tokenizer, Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112))
-    return Policy(model, processor, vision_token_ids(tokenizer, model.config))
+    # vocab_size=None: one output row per tokenizer entry (the real 152k-row unembedding is not reproduced here)
+    widths = QWEN2_5_VL_3B_WIDTHS.replace(num_layers=args.layers, vision_depth=args.vision_depth, vocab_size=None)
+    return build_widths_policy(corpus, widths, tokenizer_vocab_size=1024, seed=args.seed, dtype=torch.bfloat16,
+                               image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112))
 
 
 def make_engine(policy, projection, args, *, kind: str):

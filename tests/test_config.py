@@ -121,7 +121,7 @@ def test_args_values_are_type_checked_and_coerced():
     for override, text in [("pruner_args.alpha=x", "pruner_args.alpha expects float, got 'x'"),
                            ("pruner_args.reweight=3", "pruner_args.reweight expects bool, got 3"),
                            ("objective_args.max_length=1.5", "objective_args.max_length expects int or null"),
-                           ("budget_args.n_max=true", "budget_args.n_max expects int or null, got True")]:
+                           ("budget_args.reward_scale=true", "budget_args.reward_scale expects float or null, got True")]:
         with pytest.raises(ConfigError, match=text):
             load_config(None, [override])
 
@@ -139,8 +139,8 @@ def test_args_values_are_checked_by_the_code_that_uses_them(override, text):
 
 
 def test_budget_values_are_checked_with_rollouts_per_prompt():
-    with pytest.raises(ConfigError, match="n_min <= n <= n_max"):
-        load_config(None, ["rollouts_per_prompt=8", "budget_args.n_max=4"])
+    with pytest.raises(ConfigError, match="n_min <= n"):
+        load_config(None, ["rollouts_per_prompt=2", "budget_args.n_min=4"])
     with pytest.raises(ConfigError, match="rollout_sa"):
         load_config(None, ["budget=rollout_sa", "rollouts_per_prompt=1"])  # RolloutSA's floor is 2
 

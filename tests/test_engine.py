@@ -1,17 +1,18 @@
 """HF rollout engine: shapes and masks with unequal groups, behaviour log-probs = a fresh forward, shared image
-encoding = per-rollout encoding, no vision token sampled, reproducible sampling, sketches from generate's outputs."""
+encoding = per-rollout encoding, no vision token sampled, reproducible sampling, sketches from generate's outputs,
+the streamed log-probs and sketches = the former (N, T, V) computation, ids beyond the tokenizer decoded safely."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fastrl_core.algo.sketches import lm_head_sketch, make_projection
+from fastrl_core.algo.sketches import LmHeadSketcher, lm_head_sketch, make_projection
 from fastrl_core.data.problems import load_problems
 from fastrl_core.data.synthetic import write_dataset
 from fastrl_core.data.templates import TEMPLATES
 from fastrl_core.engines.hf import HFEngine, Rollouts
-from fastrl_core.policy import EMBEDDED_DIR, build_tiny_policy, load_policy
+from fastrl_core.policy import EMBEDDED_DIR, TINY_WIDTHS, build_policy, build_tiny_policy, load_policy
 from fastrl_core.warmstart import tokenizer_corpus
 
 COUNTS = [3, 0, 1, 2]
@@ -171,3 +172,107 @@ def test_bad_counts_are_rejected(sampled, problems):
         engine.generate(problems, [1, 1])
     with pytest.raises(ValueError, match=">= 0"):
         engine.generate(problems, [1, -1, 1, 1])
+
+
+def stacked_reference(engine: HFEngine, problems, counts, generator: torch.Generator) -> dict:
+    """The engine's former path, kept here only as a reference: generate with `output_logits` and every layer's
+    `output_hidden_states`, stack the step logits to (N, T, V) float32, then log-softmax + gather and one
+    `LmHeadSketcher.update` per step from `hidden_states[s][-1][:, -1]`."""
+    prompt_index = torch.repeat_interleave(torch.arange(len(problems)), torch.tensor(counts))
+    prompts = engine.prompt_batch(problems)
+    config = engine._generation_config(do_sample=True, max_new_tokens=engine.max_new_tokens,
+                                       return_dict_in_generate=True, output_logits=True, output_hidden_states=True)
+    seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = engine._run_generate(prompts, prompt_index, config)
+    ids = out.sequences[:, prompts.input_ids.shape[1]:]
+    is_eos = torch.isin(ids, torch.tensor(engine.eos_token_ids))
+    mask = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) == 0
+    ids = ids.masked_fill(~mask, engine.pad_token_id)
+    logits = torch.stack(out.logits, dim=1).float()  # (N, T, V)
+    hidden = torch.stack([layers[-1][:, -1] for layers in out.hidden_states], dim=1).float()  # (N, T, d)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+    sketches = None
+    if engine.sketch_projection is not None:
+        sketcher = LmHeadSketcher(len(ids), engine.sketch_projection, top_k=engine.sketch_top_k)
+        for step in range(ids.shape[1]):
+            sketcher.update(hidden[:, step], logits[:, step], ids[:, step], mask[:, step])
+        sketches = sketcher.result()
+    return dict(ids=ids, mask=mask, logprobs=logprobs, sketches=sketches, logits=logits, hidden=hidden)
+
+
+@pytest.mark.parametrize("top_k, with_projection, temperature", [(None, True, 1.0), (16, True, 0.7), (16, False, 1.0)])
+def test_streamed_logprobs_and_sketches_equal_the_stacked_logits_computation(policy, problems, top_k,
+                                                                             with_projection, temperature):
+    """Same rollouts (bit-identical tokens), behaviour log-probs and sketches as the former (N, T, V) path, with
+    unequal rollout counts per prompt and completions that end at different steps (the warm start emits EOS);
+    log-probs are of the raw logits whatever the temperature; steps after a row's EOS add nothing."""
+    model = policy.model
+    vocab, width = model.lm_head.weight.shape
+    projection = make_projection(vocab, width, sketch_dim=64, seed=3) if with_projection else None
+    engine = HFEngine(policy, max_new_tokens=24, temperature=temperature, sketch_projection=projection,
+                      sketch_top_k=top_k)
+    counts = [3, 0, 2, 4]
+    streamed = engine.generate(problems, counts, generator=torch.Generator().manual_seed(11))
+    ref = stacked_reference(engine, problems, counts, torch.Generator().manual_seed(11))
+    ids, mask = ref["ids"], ref["mask"]
+    assert torch.equal(streamed.completion_ids, ids) and torch.equal(streamed.completion_mask, mask)
+    assert ref["logits"].shape == (sum(counts), ids.shape[1], vocab)
+    ended = mask.sum(dim=1) < ids.shape[1]
+    if (EMBEDDED_DIR / "config.json").is_file():  # the random policy never ends early
+        assert ended.any() and len(set(mask.sum(dim=1).tolist())) > 1  # EOS mid-way, unequal lengths
+    torch.testing.assert_close(streamed.behaviour_logprobs, ref["logprobs"], atol=1e-6, rtol=0)
+    assert (streamed.behaviour_logprobs[~mask] == 0).all()
+    assert not model.get_output_embeddings()._forward_hooks  # the recorder's hook is removed again
+    if not with_projection:
+        assert streamed.sketches is None
+        return
+    torch.testing.assert_close(streamed.sketches, ref["sketches"], atol=1e-5, rtol=1e-5)
+    batch = lm_head_sketch(ref["hidden"], ref["logits"], ids, mask, projection, top_k=top_k)
+    torch.testing.assert_close(streamed.sketches, batch, atol=1e-4, rtol=1e-4)
+    # the padded steps would have changed the sketches of the rows that ended early
+    unmasked = lm_head_sketch(ref["hidden"], ref["logits"], ids, torch.ones_like(mask), projection, top_k=top_k)
+    gap = (unmasked - streamed.sketches).norm(dim=1)
+    assert (gap[ended] > 1e-3).all() and (gap[~ended] < 1e-3).all()
+
+
+def test_ids_beyond_the_tokenizer_are_sampled_and_dropped_when_decoding(problems):
+    """A model with more output rows than tokenizer entries (like Qwen2.5-VL's padded 151,936-row unembedding) does
+    sample the extra ids when random; generate, re-scoring and decoding cope, and decode drops exactly those ids."""
+    policy = build_policy(tokenizer_corpus(problems, TEMPLATES), TINY_WIDTHS.replace(vocab_size=2048),
+                          tokenizer_vocab_size=512, seed=1)
+    tokenizer = policy.tokenizer
+    assert policy.model.lm_head.weight.shape[0] == 2048 > len(tokenizer)
+    engine = HFEngine(policy, max_new_tokens=16, sketch_projection=make_projection(2048, 128, sketch_dim=64))
+    rollouts = engine.generate(problems, [2, 2, 2, 2], generator=torch.Generator().manual_seed(0))
+    sampled_ids = rollouts.completion_ids[rollouts.completion_mask]
+    assert (sampled_ids >= len(tokenizer)).sum() > 10  # ~3/4 of the ids are beyond the tokenizer
+    for ids, mask, text in zip(rollouts.completion_ids, rollouts.completion_mask, rollouts.completion_text):
+        known = [i for i in ids[mask].tolist() if i < len(tokenizer)]
+        assert text == tokenizer.decode(known, skip_special_tokens=True)
+    with torch.no_grad():
+        fresh = engine.token_logprobs(policy.model, problems, rollouts, torch.arange(len(rollouts)))
+    torch.testing.assert_close(fresh, rollouts.behaviour_logprobs, atol=1e-5, rtol=0)
+    a, b = tokenizer.convert_tokens_to_ids(["K", "L"]) if "K" in tokenizer.get_vocab() else (20, 21)
+    decoded = engine.decode(torch.tensor([[a, 2047, b, len(tokenizer)]]), torch.ones(1, 4, dtype=torch.bool))
+    assert decoded == [tokenizer.decode([a, b])]
+
+
+def test_width_builder_rejects_a_vocabulary_below_the_tokenizer_and_bad_head_dims(random_policy):
+    from fastrl_core.policy import QWEN2_5_VL_3B_WIDTHS, build_vlm
+
+    tokenizer = random_policy.tokenizer
+    with pytest.raises(ValueError, match="vocab_size 100 is below the tokenizer's"):
+        build_vlm(tokenizer, TINY_WIDTHS.replace(vocab_size=100))
+    with pytest.raises(ValueError, match="num_heads 3"):
+        build_vlm(tokenizer, TINY_WIDTHS.replace(num_heads=3))
+    text = random_policy.model.config.text_config  # the tiny widths: head_dim 32 -> mRoPE [4, 6, 6]
+    assert text.rope_parameters["mrope_section"] == [4, 6, 6] and text.vocab_size == len(tokenizer)
+    # head_dim 128 (3B's 2048 / 16 heads) -> Qwen2.5-VL-3B's [16, 24, 24]; narrow MLPs keep this model small
+    narrow = QWEN2_5_VL_3B_WIDTHS.replace(num_layers=1, intermediate_size=64, vision_depth=1, vision_hidden_size=32,
+                                          vision_intermediate_size=32, vision_heads=2, vocab_size=None)
+    config = build_vlm(tokenizer, narrow).config
+    assert config.text_config.rope_parameters["mrope_section"] == [16, 24, 24]
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 2048
+    assert QWEN2_5_VL_3B_WIDTHS.num_layers == 36 and QWEN2_5_VL_3B_WIDTHS.vocab_size == 151_936

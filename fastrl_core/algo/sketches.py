@@ -177,9 +177,13 @@ def lm_head_sketch(hidden: Tensor, logits: Tensor, tokens: Tensor, response_mask
 
 
 class LmHeadSketcher:
-    """Streaming `lm_head_sketch` during generation: one `update` per decoding step, memory O(B·D) instead of
-    O(B·T·V). Feed it what HF generate already returns: `outputs.hidden_states[s][-1][:, -1]`,
-    `outputs.logits[s]` (raw, before logits processors), the sampled tokens and which rows are still generating."""
+    """Streaming `lm_head_sketch` during generation: one `update` per decoding step; it keeps only the (B, k_o, k_h)
+    sums, memory O(B·D), plus one step's (B, V) transients inside `update`, instead of O(B·T·V).
+    Feed it each step's lm_head input h (B, d) (the last hidden state, after the final norm) and raw logits z (B, V)
+    (before temperature / logits processors), the sampled tokens and which rows are still generating.
+    `HFEngine.generate` does so from a forward hook on the lm_head (engines/hf.py `_StepRecorder`), so generate
+    never keeps the step logits; `outputs.hidden_states[s][-1][:, -1]` and `outputs.logits[s]` of
+    generate(output_hidden_states, output_logits) are the same tensors, but keeping them costs O(B·T·V)."""
 
     def __init__(self, batch_size: int, projection: SketchProjection, *, top_k: int | None = 64, device=None,
                  dtype=torch.float32) -> None:

@@ -12,9 +12,11 @@ Randomness: HF sampling draws from torch's global RNG. `generate` seeds it from 
 draw) inside `torch.random.fork_rng`, so a generator in a given state gives the same rollouts and the caller's
 global RNG is left untouched.
 
-Log-probs and sketches use the model's own distribution, softmax(raw logits) (`output_logits`, before temperature
-and the vision-token suppression), so `behaviour_logprobs` equal a fresh forward's log π(y_t) for any temperature;
-at temperature 1 that is also the sampling distribution (up to the suppressed vision tokens' mass).
+Log-probs and sketches use the model's own distribution, softmax(raw logits) (the lm_head's output, before
+temperature and the vision-token suppression), so `behaviour_logprobs` equal a fresh forward's log π(y_t) for any
+temperature; at temperature 1 that is also the sampling distribution (up to the suppressed vision tokens' mass).
+They are computed while generate runs, one decoding step at a time, and the step's logits are dropped
+(`_StepRecorder`): generate is asked for no logits and no hidden states.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from fastrl_core.engines.base import Rollouts
@@ -51,6 +53,66 @@ def _first_true_inclusive_mask(is_end: Tensor) -> Tensor:
     """(N, T) bool: True up to and including the first True of `is_end` in each row (all True if none)."""
     ends_before = torch.cumsum(is_end.long(), dim=1) - is_end.long()  # EOS count strictly before t
     return ends_before == 0
+
+
+class _StepRecorder(StoppingCriteria):
+    """Behaviour log-probs and lm_head sketches streamed out of HF `generate`, one decoding step at a time.
+
+    How: a forward hook on the output embedding (lm_head) keeps the input h (N, d) and output z (N, V) at the last
+    position of each forward (prefill computes only that position's logits: generate passes `logits_to_keep=1`;
+    a model without it gives (N, L, V) there, of which the last position is the one used; with chunked prefill the
+    last chunk's call is the one kept). HF then samples y from z and appends it to `input_ids`, and calls its
+    stopping criteria with the new `input_ids` in the same step: this criterion (which never stops anything) reads
+    y = input_ids[:, -1], adds log_softmax(z)[y] to the (N, T) log-probs and (h, z, y) to the `LmHeadSketcher`,
+    then drops h and z. Rows count up to and including their first EOS (`eos_ids`); later steps (HF's pad tokens)
+    contribute 0 log-prob and nothing to the sketch. Steps HF runs and then undoes (its deferred stop check, MPS
+    only) come after every row has ended, so they contribute nothing; `logprobs(T)` keeps the first T.
+
+    Why not the alternatives: `output_logits` / `output_hidden_states` keep every step's (N, V) logits and every
+    layer's (N, d) states until generate returns; a LogitsProcessor sees the logits but not the hidden state, and
+    only after HF's own processors if it is not first; an own decode loop would have to re-implement Qwen-VL's
+    mRoPE positions, cache and sampling to stay bit-identical to generate. Generation itself is unchanged (same
+    forwards, same RNG draws), so the sampled tokens are those of a plain `generate` call.
+
+    Memory: O(N·V) per step, transient (this step's logits, HF's float32 copy and its sampling scores, and the
+    log-softmax here) + O(N·D) sketch accumulator + O(N·T) log-probs; never (N, T, V).
+    Do not give this class an `eos_token_id` attribute: HF treats any criterion that has one as its EOS check."""
+
+    def __init__(self, lm_head: torch.nn.Module, batch_size: int, eos_ids: Sequence[int], sketcher=None) -> None:
+        self.device = lm_head.weight.device
+        self.eos_ids = torch.tensor(list(eos_ids), device=self.device)
+        self.sketcher = sketcher  # LmHeadSketcher on `device`, or None
+        self._steps: list[Tensor] = []  # T x (N,) log π(y_t), 0 where masked
+        self._ended = torch.zeros(batch_size, dtype=torch.bool, device=self.device)
+        self._hidden: Tensor | None = None  # (N, d) this step's lm_head input
+        self._logits: Tensor | None = None  # (N, V) this step's raw logits
+        self._handle = lm_head.register_forward_hook(self._capture)
+
+    def _capture(self, module, inputs, output) -> None:
+        self._hidden, self._logits = inputs[0][:, -1], output[:, -1]
+
+    def __call__(self, input_ids: Tensor, scores, **kwargs) -> Tensor:
+        if self._logits is None:
+            raise RuntimeError("HFEngine: a decoding step ran without calling the model's output embedding (lm_head);"
+                               " the streamed log-probs need its forward hook")
+        tokens = input_ids[:, -1].to(self.device)  # (N,) the token sampled from this step's logits
+        active = ~self._ended
+        logprobs = torch.log_softmax(self._logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        self._steps.append(torch.where(active, logprobs, torch.zeros_like(logprobs)))
+        if self.sketcher is not None:
+            self.sketcher.update(self._hidden, self._logits, tokens, active)
+        self._ended |= torch.isin(tokens, self.eos_ids)
+        self._hidden = self._logits = None
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def logprobs(self, length: int) -> Tensor:
+        """(N, length) float32 log π(y_t) of the first `length` steps, 0 where masked."""
+        if len(self._steps) < length:
+            raise RuntimeError(f"HFEngine: recorded {len(self._steps)} decoding steps for {length} generated tokens")
+        return torch.stack(self._steps[:length], dim=1) if length else torch.zeros(len(self._ended), 0)
+
+    def remove(self) -> None:
+        self._handle.remove()
 
 
 class HFEngine:
@@ -148,7 +210,7 @@ class HFEngine:
             **outputs,
         )
 
-    def _run_generate(self, prompts: PromptBatch, prompt_index: Tensor, config: GenerationConfig):
+    def _run_generate(self, prompts: PromptBatch, prompt_index: Tensor, config: GenerationConfig, **generate_kwargs):
         model = self.policy.model
         inputs = dict(
             input_ids=prompts.input_ids[prompt_index].to(model.device),
@@ -157,7 +219,7 @@ class HFEngine:
         )
         with torch.no_grad():
             inputs |= self._vision_inputs(model, prompts, prompt_index)
-            return model.generate(**inputs, generation_config=config)
+            return model.generate(**inputs, generation_config=config, **generate_kwargs)
 
     def generate(
         self,
@@ -166,7 +228,11 @@ class HFEngine:
         *,
         generator: torch.Generator | None = None,
     ) -> Rollouts:
-        """Sample `rollouts_per_prompt[p]` completions of each problem p (counts may differ, 0 allowed)."""
+        """Sample `rollouts_per_prompt[p]` completions of each problem p (counts may differ, 0 allowed).
+
+        Behaviour log-probs and sketches are streamed out of generate step by step (`_StepRecorder`): memory
+        O(N·V) per step, transient + O(N·D) sketch accumulator + O(N·T) log-probs (N rollouts, T steps, V vocabulary,
+        D sketch dim), besides the model's own KV cache; no (N, T, V) logits and no per-layer hidden states."""
         if len(rollouts_per_prompt) != len(problems):
             raise ValueError(f"rollouts_per_prompt has {len(rollouts_per_prompt)} entries for {len(problems)} problems")
         counts = torch.as_tensor(list(rollouts_per_prompt), dtype=torch.long)
@@ -177,53 +243,53 @@ class HFEngine:
             empty = torch.zeros(0, 0)
             return Rollouts(prompt_index, empty.long(), empty.bool(), [], empty, None)
         prompts = self.prompt_batch(problems)
-        want_sketch = self.sketch_projection is not None
-        config = self._generation_config(
-            do_sample=True,
-            max_new_tokens=self.max_new_tokens,
-            return_dict_in_generate=True,
-            output_logits=True,
-            output_hidden_states=want_sketch,
-        )
+        recorder = self._step_recorder(len(prompt_index))
+        config = self._generation_config(do_sample=True, max_new_tokens=self.max_new_tokens)
         seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            out = self._run_generate(prompts, prompt_index, config)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                sequences = self._run_generate(
+                    prompts, prompt_index, config, stopping_criteria=StoppingCriteriaList([recorder])
+                )
+        finally:
+            recorder.remove()
         prompt_length = prompts.input_ids.shape[1]
-        completion_ids = out.sequences[:, prompt_length:].cpu()  # (N, T)
+        completion_ids = sequences[:, prompt_length:].cpu()  # (N, T)
         is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids))
         completion_mask = _first_true_inclusive_mask(is_eos)
         completion_ids = completion_ids.masked_fill(~completion_mask, self.pad_token_id)
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (N, T, V) raw, before temperature/suppression
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids[..., None]).squeeze(-1)
-        behaviour_logprobs = logprobs.masked_fill(~completion_mask, 0.0)
-        sketches = self._sketches(out, logits, completion_ids, completion_mask) if want_sketch else None
+        sketcher = recorder.sketcher
         return Rollouts(
             prompt_index=prompt_index,
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             completion_text=self.decode(completion_ids, completion_mask),
-            behaviour_logprobs=behaviour_logprobs,
-            sketches=sketches,
+            behaviour_logprobs=recorder.logprobs(completion_ids.shape[1]).cpu(),
+            sketches=None if sketcher is None else sketcher.result().cpu(),
         )
 
-    def _sketches(self, out, logits: Tensor, tokens: Tensor, mask: Tensor) -> Tensor:
-        """Accumulate lm_head sketches over decoding steps from generate's own hidden states and logits.
+    def _step_recorder(self, batch_size: int) -> _StepRecorder:
+        """A `_StepRecorder` hooked on the policy's lm_head, with an `LmHeadSketcher` (on the lm_head's device) if
+        the engine has a sketch projection."""
+        lm_head = self.policy.model.get_output_embeddings()
+        sketcher = None
+        if self.sketch_projection is not None:
+            from fastrl_core.algo.sketches import LmHeadSketcher
 
-        `hidden_states[s][-1]` is the decoder's output after the final RMSNorm, i.e. the lm_head input that
-        produced `logits[s]` (tests/test_engine.py checks lm_head(h) == logits)."""
-        from fastrl_core.algo.sketches import LmHeadSketcher
-
-        sketcher = LmHeadSketcher(tokens.shape[0], self.sketch_projection, top_k=self.sketch_top_k)
-        for step, layers in enumerate(out.hidden_states):
-            hidden = layers[-1][:, -1].float().cpu()  # (N, d) hidden state at the position predicting token `step`
-            sketcher.update(hidden, logits[:, step], tokens[:, step], mask[:, step])
-        return sketcher.result()
+            sketcher = LmHeadSketcher(batch_size, self.sketch_projection, top_k=self.sketch_top_k,
+                                      device=lm_head.weight.device)
+        return _StepRecorder(lm_head, batch_size, self.eos_token_ids, sketcher)
 
     def decode(self, completion_ids: Tensor, completion_mask: Tensor) -> list[str]:
-        """Texts of the masked completions, special tokens dropped."""
+        """Texts of the masked completions, special tokens dropped, and ids the tokenizer does not have
+        (>= len(tokenizer): the padding rows of a model's unembedding, e.g. Qwen2.5-VL's 151,936 rows for a
+        151,665-entry tokenizer, which a random or barely trained model can sample) dropped too. `tokenizers`
+        would drop them silently as well (checked: decode([50, 150000]) == decode([50]) with 0.23); filtering here
+        makes it explicit and independent of that version."""
         tokenizer = self.policy.tokenizer
-        rows = [ids[mask].tolist() for ids, mask in zip(completion_ids, completion_mask)]
+        known = completion_ids < len(tokenizer)
+        rows = [ids[keep].tolist() for ids, keep in zip(completion_ids, completion_mask.bool() & known)]
         return tokenizer.batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def greedy(self, problems: Sequence, *, batch_size: int = 64) -> list[str]:

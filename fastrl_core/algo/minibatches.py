@@ -17,6 +17,11 @@ mini-batches a quarter the size); `fixed_size` is verl's default with pruning bo
 the unpruned step, so a step that kept half its rollouts makes half the updates). `full_rows` is the rollouts a
 full, unpruned step samples (prompts_per_step x rollouts_per_prompt).
 
+In the trainer (step 8) each mini-batch's loss is normalised over its own rows (as verl), and everything per
+rollout travels with its row: advantage, pruner loss weight, behaviour and reference log-probs (the KL term to the
+reference, beta, is computed per mini-batch as in a single update); the step's loss/kl/clip metrics are the
+unweighted mean over its mini-batches and `updates` counts them.
+
 Rows are assigned by a seeded permutation (reproducible: resume replays it) and each mini-batch lists its rows in
 ascending order, so a single mini-batch is exactly `range(K)`: with `updates=1` (either mode, K <= full_rows) the
 step is the one-update step, unchanged.

@@ -54,9 +54,12 @@ class TrainConfig:
     test_split: str = option("test", "split used for evaluation")
     synthetic_train: int = option(2048, "synthetic dataset: training problems", bounds=">= 1")
     synthetic_test: int = option(256, "synthetic dataset: test problems", bounds=">= 1")
+    synthetic_kinds: list = option([], "synthetic dataset: task kinds to include, e.g. [count_dots, longest_segment] "
+                                   "([] = every kind; weights from synthetic.DEFAULT_MIX)")
+    synthetic_levels: list = option([], "synthetic dataset: difficulty levels to include, e.g. [1] ([] = every level)")
     template: str = option("math", "prompt template: 'math' (<think> then \\boxed{}) or 'r1v' (<answer> tags)")
     # -- sampling
-    steps: int = option(100, "training steps (one rollout batch and one update each)", bounds=">= 1")
+    steps: int = option(100, "training steps (one rollout batch and updates_per_step optimiser updates each)", bounds=">= 1")
     time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)", bounds=">= 0")
     prompts_per_step: int = option(16, "prompts sampled per step", bounds=">= 1")
     rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per "
@@ -75,6 +78,13 @@ class TrainConfig:
     warmup_steps: int = option(5, "linear learning-rate warmup steps", bounds=">= 0")
     weight_decay: float = option(0.0, "AdamW weight decay", bounds=">= 0")
     max_grad_norm: float = option(1.0, "gradient clipping norm", bounds="> 0")
+    updates_per_step: int = option(1, "optimiser updates per rollout batch: kept rollouts are split into PPO "
+                                   "mini-batches (EasyR1/verl: rollout batch / global batch; the paper uses 4)",
+                                   bounds=">= 1")
+    minibatch_mode: str = option("equal_updates", "how pruning sizes mini-batches: 'equal_updates' (always "
+                                 "updates_per_step mini-batches, smaller when pruned: the authors' script) or "
+                                 "'fixed_size' (mini-batch = prompts_per_step*rollouts_per_prompt/updates_per_step "
+                                 "rows, so a pruned step makes fewer updates)")
     recompute_old_logprobs: bool | None = option(None, "recompute old log-probs with the training model on kept "
                                                  "rollouts; null/auto (default) = yes exactly when the rollout "
                                                  "engine's numerics differ from the trainer's (vllm), no for hf")

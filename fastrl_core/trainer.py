@@ -8,7 +8,8 @@ Each step (README "The algorithm"):
   5. sketch    -- gradient sketches scaled by nothing: pruners weigh them by |A|     (algo.sketches)
   6. prune     -- keep mask, scores, reasons, loss weights per rollout               (algo.pruners)
   7. logprob   -- reference (and, if asked, old) log-probs on KEPT rollouts only     (engines)
-  8. update    -- one optimiser step on the policy loss over KEPT rollouts           (algo.objectives)
+  8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts (algo.minibatches,
+                  algo.objectives)
   9. record    -- the step's rollouts, groups, decisions and timings to the store   (store.step_rows)
  10. budget    -- the controller's new state from this step's kept counts           (algo.budgets)
 
@@ -42,6 +43,7 @@ from tqdm.auto import tqdm
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
+from fastrl_core.algo.minibatches import minibatch_indices
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
 from fastrl_core.algo.sketches import make_projection, token_sketch
@@ -120,7 +122,8 @@ def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
         from fastrl_core.data.synthetic import ensure_dataset
 
         root = ensure_dataset(Path(config.store_dir) / "data", n_train=config.synthetic_train,
-                              n_test=config.synthetic_test, seed=0)
+                              n_test=config.synthetic_test, seed=0, kinds=config.synthetic_kinds or None,
+                              levels=config.synthetic_levels or None)
         return load_problems(root / config.train_split), load_problems(root / config.test_split)
     return (load_problems(config.dataset, split=config.train_split, skip_bad=config.dataset_skip_bad),
             load_problems(config.dataset, split=config.test_split, skip_bad=config.dataset_skip_bad))
@@ -253,26 +256,36 @@ class Trainer:
             if self.reference is not None and len(kept):
                 ref_logprobs = self.engine.token_logprobs(self.reference, problems, rollouts, kept)
 
-        # 8. update on kept rollouts only
-        metrics = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        # 8. update on kept rollouts only: PPO mini-batches, each against the behaviour (pre-step) log-probs
+        metrics = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "updates": 0}
         with timer.phase("update"):
             for group in self.optimizer.param_groups:
                 group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
-            if len(kept):
+            minibatches = minibatch_indices(
+                len(kept), updates=config.updates_per_step, mode=config.minibatch_mode,
+                full_rows=config.prompts_per_step * config.rollouts_per_prompt,
+                generator=torch.Generator().manual_seed(seed + 2))
+            if minibatches:
                 model.train()
-                logprobs = self.engine.token_logprobs(model, problems, rollouts, kept)
+            per_update = []
+            for batch_rows in minibatches:  # index into `kept`; each update's loss is normalised over its own rows
+                index = kept[batch_rows]
+                logprobs = self.engine.token_logprobs(model, problems, rollouts, index)
                 on = logprobs.device  # the loss runs where the model is
-                out = policy_loss(config.objective, logprobs, old_logprobs.to(on), advantages[kept].to(on),
-                                  rollouts.completion_mask[kept].to(on),
-                                  ref_logprobs=None if ref_logprobs is None else ref_logprobs.to(on),
-                                  rollout_weights=decision.weights[kept].to(on),
-                                  rollout_counts=None if kept_multiplicity is None else kept_multiplicity.to(on),
-                                  **self.loss_args)
+                out = policy_loss(config.objective, logprobs, old_logprobs[batch_rows].to(on), advantages[index].to(on),
+                                  rollouts.completion_mask[index].to(on),
+                                  ref_logprobs=None if ref_logprobs is None else ref_logprobs[batch_rows].to(on),
+                                  rollout_weights=decision.weights[index].to(on),
+                                  rollout_counts=None if kept_multiplicity is None
+                                  else kept_multiplicity[batch_rows].to(on), **self.loss_args)
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 self.optimizer.step()
-                metrics = {"loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}}
+                per_update.append({"loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}})
+            if per_update:  # unweighted mean over the step's mini-batches
+                metrics = {k: sum(u[k] for u in per_update) / len(per_update) for k in per_update[0]}
+                metrics["updates"] = len(per_update)
             self.engine.sync_weights(model)
 
         # 9. record

@@ -45,6 +45,9 @@ class WarmstartArgs:
     n_train: int = option(2048, "synthetic train problems")
     n_test: int = option(256, "synthetic test problems")
     data_seed: int = option(0, "seed of the synthetic dataset")
+    kinds: str = option("", "comma-separated synthetic task kinds to train on, e.g. count_dots,longest_segment "
+                            "('' = every kind; the training config's synthetic_kinds)")
+    levels: str = option("", "comma-separated synthetic difficulty levels, e.g. 1,2 ('' = every level)")
     seed: int = option(0, "model init and batch order")
     template: str = option("math", "prompt template the warm start is trained on")
     vocab_size: int = option(1024, "BPE vocabulary incl. special tokens")
@@ -115,6 +118,20 @@ def reward_variance_fraction(
     return float((rewards.std(dim=1) > 0).float().mean())
 
 
+def _names(text: str) -> list[str] | None:
+    """'a, b' -> ['a', 'b']; '' -> None (everything)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    return names or None
+
+
+def _levels(text: str) -> list[int] | None:
+    """'1,2' -> [1, 2]; '' -> None (every level)."""
+    try:
+        return [int(name) for name in _names(text) or ()] or None
+    except ValueError:
+        raise ValueError(f"--levels expects comma-separated integers, got {text!r}") from None
+
+
 def _in_band(entry: dict, args: WarmstartArgs) -> bool:
     return args.band_low <= entry["accuracy"] <= args.band_high and entry["format_rate"] >= args.min_format
 
@@ -127,7 +144,9 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    data_root = ensure_dataset(Path(args.data_dir), n_train=args.n_train, n_test=args.n_test, seed=args.data_seed)
+    kinds, levels = _names(args.kinds), _levels(args.levels)
+    data_root = ensure_dataset(Path(args.data_dir), n_train=args.n_train, n_test=args.n_test, seed=args.data_seed,
+                               kinds=kinds, levels=levels)
     train, test = load_problems(data_root / "train"), load_problems(data_root / "test")
     style = answer_style(args.template)
     policy = build_tiny_policy(tokenizer_corpus(train, TEMPLATES), vocab_size=args.vocab_size, seed=args.seed)
@@ -196,7 +215,7 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
             f"--{k.replace('_', '-')} {v}" for k, v in asdict(args).items()),
         "args": asdict(args),
         "dataset": {"kind": "synthetic", "n_train": args.n_train, "n_test": args.n_test, "seed": args.data_seed,
-                    "folder": data_root.name},
+                    "kinds": kinds, "levels": levels, "folder": data_root.name},
         "parameters": sum(p.numel() for p in model.parameters()),
         "chosen": chosen,
         "reward_variance_groups_16x8": variance_fraction,

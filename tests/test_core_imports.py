@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-CORE = ["objectives", "advantages", "sketches", "pruners", "budgets"]
+CORE = ["objectives", "advantages", "sketches", "pruners", "budgets", "minibatches"]
 FORBIDDEN = ["transformers", "vllm", "duckdb", "pyarrow", "streamlit", "fastrl_core.store", "app"]
 
 

@@ -297,3 +297,22 @@ def test_ensure_dataset_generates_once_then_reuses(tmp_path):
     other = ensure_dataset(tmp_path, n_train=8, n_test=4, seed=5)
     assert again == first and (again / "train" / "problems.jsonl").stat().st_mtime_ns == stamp
     assert other != first and len(load_problems(other / "test")) == 4
+
+
+def test_the_paper_regime_mix_keeps_the_default_weights_of_its_kinds():
+    """configs/paper.yaml's synthetic_kinds: 1-4 dots weigh 4, two segments 2, the harder levels 1 each."""
+    assert dataset_mix(["count_dots", "longest_segment"]) == {
+        ("count_dots", 1): 4, ("count_dots", 2): 1, ("longest_segment", 1): 2, ("longest_segment", 2): 1}
+    assert dataset_mix(["count_dots"], [2]) == {("count_dots", 2): 1}
+    with pytest.raises(ValueError, match="no \\(kind, level\\) pair"):
+        dataset_mix(["count_dots"], [3])
+
+
+def test_warmstart_kinds_and_levels_options_select_the_same_mix():
+    from fastrl_core.warmstart import _levels, _names, parse_args
+
+    args = parse_args(["--kinds", "count_dots, longest_segment", "--levels", "1,2"])
+    assert _names(args.kinds) == ["count_dots", "longest_segment"] and _levels(args.levels) == [1, 2]
+    assert _names(parse_args([]).kinds) is None and _levels("") is None
+    with pytest.raises(ValueError, match="--levels"):
+        _levels("one")

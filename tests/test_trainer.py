@@ -12,7 +12,7 @@ from fastrl_core.config import load_config
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.store import read_rollouts, read_runs, read_steps
-from fastrl_core.trainer import PromptSampler, Trainer
+from fastrl_core.trainer import PromptSampler, Trainer, load_datasets
 
 
 def _config(store, **overrides):
@@ -151,3 +151,122 @@ def test_dr_grpo_normalises_by_the_generation_limit(tmp_path, monkeypatch):
     ((name, padded_length, max_length),) = calls
     assert name == "dr_grpo" and max_length == 48
     assert padded_length < 48  # so the step's padded length would have been a different normaliser
+
+
+# ---- PPO mini-batches (updates_per_step, minibatch_mode) and the paper regime ---------------------------------------
+
+def test_one_update_per_step_is_the_single_update_over_every_kept_rollout(tmp_path, monkeypatch):
+    """updates_per_step=1 is bit-for-bit one AdamW step on the loss over all kept rollouts (the one-update trainer)."""
+    import copy
+
+    import fastrl_core.trainer as trainer_module
+    from fastrl_core.algo.objectives import policy_loss
+
+    trainer = Trainer(_config(tmp_path, steps=1, updates_per_step=1, warmup_steps=1, **{"objective_args.beta": 0.01}),
+                      progress=False)
+    seen = {}
+    real_generate, real_prune, real_advantages = (trainer.engine.generate, trainer_module.prune,
+                                                  trainer_module.compute_advantages)
+    monkeypatch.setattr(trainer.engine, "generate", lambda *a, **k: seen.setdefault("rollouts", real_generate(*a, **k)))
+    monkeypatch.setattr(trainer_module, "prune", lambda *a, **k: seen.setdefault("decision", real_prune(*a, **k)))
+    monkeypatch.setattr(trainer_module, "compute_advantages",
+                        lambda *a, **k: seen.setdefault("advantages", real_advantages(*a, **k)))
+    model = copy.deepcopy(trainer.policy.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=trainer.config.lr, weight_decay=trainer.config.weight_decay)
+    row = trainer.train_step()
+
+    rollouts, decision = seen["rollouts"], seen["decision"]
+    problems = [trainer.train_set[i] for i in trainer.sampler.batch(0)[0]]
+    kept = decision.keep_mask.nonzero().squeeze(1)
+    with torch.no_grad():
+        ref = trainer.engine.token_logprobs(trainer.reference, problems, rollouts, kept)
+    model.train()
+    out = policy_loss("grpo", trainer.engine.token_logprobs(model, problems, rollouts, kept),
+                      rollouts.behaviour_logprobs[kept], seen["advantages"][kept], rollouts.completion_mask[kept],
+                      ref_logprobs=ref, rollout_weights=decision.weights[kept], beta=0.01)
+    optimizer.zero_grad()
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), trainer.config.max_grad_norm)
+    optimizer.step()
+    assert row["updates"] == 1 and row["loss"] == out.loss.item()
+    trained = dict(trainer.policy.model.named_parameters())
+    for name, expected in model.named_parameters():
+        assert torch.equal(trained[name], expected), name
+
+
+@pytest.mark.parametrize("mode, expected_updates", [("equal_updates", lambda kept: min(4, kept)),
+                                                    ("fixed_size", lambda kept: -(-kept // 12))])
+def test_several_updates_per_step_follow_the_minibatch_mode(tmp_path, monkeypatch, mode, expected_updates):
+    """8 prompts x 6 rollouts = 48 per full step; 4 updates -> fixed mini-batches of 12 rows. Every mini-batch is
+    scored against the behaviour log-probs (the policy before the step), so after the first update ratios leave 1."""
+    import fastrl_core.trainer as trainer_module
+
+    trainer = Trainer(_config(tmp_path, steps=1, updates_per_step=4, minibatch_mode=mode,
+                              **{"objective_args.beta": 0.01}), progress=False)
+    calls = []
+    real_loss = trainer_module.policy_loss
+
+    def recording_loss(name, logprobs, old_logprobs, *args, **kwargs):
+        calls.append((logprobs.detach().clone(), old_logprobs.clone()))
+        return real_loss(name, logprobs, old_logprobs, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "policy_loss", recording_loss)
+    row = trainer.train_step()
+    assert row["updates"] == expected_updates(row["rollouts_kept"]) == len(calls) >= 2, row
+    drift = [float((logprobs - old).abs().max()) for logprobs, old in calls]
+    assert drift[0] < 1e-4  # first update: on-policy up to generate-vs-forward numerics (NOTES §2)
+    assert min(drift[1:]) > 1e-3, drift  # later ones: the policy has moved, the old log-probs have not
+    assert sum(len(old) for _, old in calls) == row["rollouts_kept"]  # every kept rollout in one mini-batch
+
+
+def test_resume_with_minibatches_continues_exactly(tmp_path):
+    config = dict(steps=3, updates_per_step=4, **{"objective_args.beta": 0.01})
+    straight = Trainer(_config(tmp_path / "a", **config), progress=False)
+    straight.run()
+    first = Trainer(_config(tmp_path / "b", **config), progress=False)
+    first.train_step()
+    first.save_checkpoint()
+    resumed = Trainer(_config(tmp_path / "b", **config), resume=first.writer.run_id, progress=False)
+    resumed.run()
+    a, b = _params(straight.policy.model), _params(resumed.policy.model)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+    steps_a = read_steps(tmp_path / "a", straight.writer.run_id)
+    steps_b = read_steps(tmp_path / "b", resumed.writer.run_id)
+    assert steps_a["loss"].tolist() == pytest.approx(steps_b["loss"].tolist(), abs=1e-6)
+
+
+def test_paper_config_loads_and_is_the_paper_regime():
+    """configs/paper.yaml: every key valid (load_config rejects unknown ones) and the regime of issue 11 / NOTES §6."""
+    config = load_config("configs/paper.yaml")
+    assert config.objective_args["beta"] == 0.01  # KL as a loss term: the reference pass runs every step
+    assert config.updates_per_step == 4 and config.minibatch_mode == "equal_updates"
+    assert config.eval_size >= 512 and config.synthetic_test >= config.eval_size
+    assert config.steps * config.prompts_per_step / config.synthetic_train >= 10  # every prompt revisited >= 10x
+    assert config.steps // config.eval_every >= 8  # enough evaluations to draw a curve
+
+
+def test_paper_config_trains_on_a_tiny_version(tmp_path):
+    """Its pieces together (kinds subset, beta, 4 mini-batches, its warm start) for 2 small steps."""
+    config = load_config("configs/paper.yaml", [
+        f"store_dir={tmp_path}", "steps=2", "prompts_per_step=4", "rollouts_per_prompt=4", "synthetic_train=16",
+        "synthetic_test=8", "eval_size=8", "eval_every=2", "checkpoint_every=0", "threads=1", "pruner=none",
+        "budget=fixed"])
+    trainer = Trainer(config, progress=False)
+    assert {p.kind for p in trainer.train_set + trainer.test_set} <= set(config.synthetic_kinds)
+    assert trainer.reference is not None
+    run_id = trainer.run()
+    steps = read_steps(tmp_path, run_id)
+    assert steps["updates"].tolist() == [min(4, k) for k in steps["rollouts_kept"]]
+    assert (steps["kl"] >= 0).all() and steps["kl"].iloc[-1] > 0
+
+
+def test_synthetic_kinds_and_levels_select_the_training_and_test_problems(tmp_path):
+    config = _config(tmp_path, synthetic_train=24, synthetic_test=12, eval_size=12,
+                     synthetic_kinds="[count_dots, parallel]", synthetic_levels="[2]")
+    train_set, test_set = load_datasets(config)
+    assert len(train_set) == 24 and len(test_set) == 12
+    assert {(p.kind, p.level) for p in train_set} == {("count_dots", 2), ("parallel", 2)}
+    assert {p.kind for p in test_set} <= {"count_dots", "parallel"} and {p.level for p in test_set} == {2}
+    with pytest.raises(KeyError, match="synthetic task kind"):
+        load_datasets(_config(tmp_path, synthetic_kinds="[triangles]"))

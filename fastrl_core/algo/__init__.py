@@ -8,4 +8,5 @@ Modules here import only torch and the standard library: no store, app, transfor
 - `sketches`: fixed-size gradient sketches per rollout.
 - `pruners`: keep/prune decisions per prompt group.
 - `budgets`: rollouts per prompt at each step.
+- `minibatches`: how a step's kept rollouts split into PPO mini-batches (several updates per step).
 """

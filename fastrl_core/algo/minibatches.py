@@ -1,0 +1,78 @@
+"""PPO mini-batches: how one step's kept rollouts are split into several optimiser updates, chosen by name.
+
+EasyR1/verl take several optimiser steps per rollout batch: the batch is shuffled and cut into mini-batches of
+`global_batch_size` rollouts (the paper: rollout batch 256 prompts / global batch 64 = 4 updates per step, §4.1;
+NOTES §6). Every mini-batch's importance ratio is taken against the behaviour policy (the policy before the step),
+so from the second mini-batch on ratios differ from 1 and the clip acts, as in PPO (Schulman et al. 2017, §5).
+
+Pruning leaves fewer rollouts than were sampled, and a mode says what that does to the mini-batches:
+
+| mode           | mini-batches of K kept rows                         | updates per step           |
+|----------------|-----------------------------------------------------|----------------------------|
+| equal_updates  | `updates` of near-equal size (sizes differ by <= 1) | `updates` (fewer if K < it)|
+| fixed_size     | chunks of ceil(full_rows / updates), last one short | ceil(K / chunk size)       |
+
+`equal_updates` is the authors' FastRL script (global batch 64 -> 16, so a pruned step still makes ~4 updates on
+mini-batches a quarter the size); `fixed_size` is verl's default with pruning bolted on (mini-batch size fixed by
+the unpruned step, so a step that kept half its rollouts makes half the updates). `full_rows` is the rollouts a
+full, unpruned step samples (prompts_per_step x rollouts_per_prompt).
+
+In the trainer (step 8) each mini-batch's loss is normalised over its own rows (as verl), and everything per
+rollout travels with its row: advantage, pruner loss weight, behaviour and reference log-probs (the KL term to the
+reference, beta, is computed per mini-batch as in a single update); the step's loss/kl/clip metrics are the
+unweighted mean over its mini-batches and `updates` counts them.
+
+Rows are assigned by a seeded permutation (reproducible: resume replays it) and each mini-batch lists its rows in
+ascending order, so a single mini-batch is exactly `range(K)`: with `updates=1` (either mode, K <= full_rows) the
+step is the one-update step, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from fastrl_core.algo.registry import Registry
+
+MinibatchSplit = Callable[[Tensor, int, int], list[Tensor]]
+MINIBATCH_MODES: Registry[MinibatchSplit] = Registry("minibatch mode")
+
+
+@MINIBATCH_MODES.register("equal_updates")
+def _equal_updates(order: Tensor, updates: int, full_rows: int) -> list[Tensor]:
+    """`updates` chunks of near-equal size (the first K mod updates one row larger); empty chunks dropped."""
+    return [chunk for chunk in torch.tensor_split(order, updates) if len(chunk)]
+
+
+@MINIBATCH_MODES.register("fixed_size")
+def _fixed_size(order: Tensor, updates: int, full_rows: int) -> list[Tensor]:
+    """Chunks of ceil(full_rows / updates) rows in permutation order; the last holds the remainder (verl's split)."""
+    size = max(1, math.ceil(full_rows / updates))
+    return list(torch.split(order, size))
+
+
+def minibatch_indices(num_rows: int, *, updates: int, mode: str, full_rows: int,
+                      generator: torch.Generator) -> list[Tensor]:
+    """Split rows 0..num_rows-1 into mini-batches: a list of 1-D long tensors, each ascending, together a
+    partition of the rows (an empty list when num_rows is 0).
+
+    updates: optimiser updates of a full step (>= 1); mode: a `MINIBATCH_MODES` name; full_rows: rollouts of a
+    full, unpruned step (>= 1; used by "fixed_size"); generator: seeds the row permutation, drawn only when the
+    split gives more than one mini-batch (a single mini-batch is all rows in order and consumes no randomness).
+    """
+    split = MINIBATCH_MODES.get(mode)
+    if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
+        raise ValueError(f"updates_per_step must be an int >= 1, got {updates!r}")
+    if isinstance(full_rows, bool) or not isinstance(full_rows, int) or full_rows < 1:
+        raise ValueError(f"full_rows must be an int >= 1, got {full_rows!r}")
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    if num_rows == 0:
+        return []
+    if len(split(torch.arange(num_rows), updates, full_rows)) == 1:  # chunk sizes depend only on num_rows
+        return [torch.arange(num_rows)]
+    order = torch.randperm(num_rows, generator=generator)
+    return [chunk.sort().values for chunk in split(order, updates, full_rows)]

@@ -162,13 +162,14 @@ def test_one_update_per_step_is_the_single_update_over_every_kept_rollout(tmp_pa
     import fastrl_core.trainer as trainer_module
     from fastrl_core.algo.objectives import policy_loss
 
-    trainer = Trainer(_config(tmp_path, steps=1, updates_per_step=1, warmup_steps=1, **{"objective_args.beta": 0.01}),
-                      progress=False)
+    trainer = Trainer(_config(tmp_path, steps=1, updates_per_step=1, warmup_steps=1, merge_duplicates=False,
+                              **{"objective_args.beta": 0.01}), progress=False)  # merging: tests/test_duplicates.py
     seen = {}
-    real_generate, real_prune, real_advantages = (trainer.engine.generate, trainer_module.prune,
+    real_generate, real_prune, real_advantages = (trainer.engine.generate, trainer_module.prune_distinct,
                                                   trainer_module.compute_advantages)
     monkeypatch.setattr(trainer.engine, "generate", lambda *a, **k: seen.setdefault("rollouts", real_generate(*a, **k)))
-    monkeypatch.setattr(trainer_module, "prune", lambda *a, **k: seen.setdefault("decision", real_prune(*a, **k)))
+    monkeypatch.setattr(trainer_module, "prune_distinct",
+                        lambda *a, **k: seen.setdefault("decision", real_prune(*a, **k)))
     monkeypatch.setattr(trainer_module, "compute_advantages",
                         lambda *a, **k: seen.setdefault("advantages", real_advantages(*a, **k)))
     model = copy.deepcopy(trainer.policy.model)

@@ -34,6 +34,7 @@ from fastrl_core.store.schema import PHASES
 # Add a method by adding an entry; its pruner and budget must be registered (checked when the bench starts).
 METHODS: dict[str, list[str]] = {
     "grpo": ["pruner=none", "budget=fixed"],
+    "grpo_unmerged": ["pruner=none", "budget=fixed", "merge_duplicates=false"],  # every copy through every pass
     "dapo_filter": ["pruner=dapo_filter", "budget=fixed"],
     "cppo": ["pruner=cppo", "budget=fixed"],
     "pods": ["pruner=pods", "budget=fixed"],
@@ -137,7 +138,7 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> d
     found = {}
     for key, config in configs.items():
         mine = runs[(runs["name"] == config.run_name)]
-        same = mine[[comparable(json.loads(c)) == comparable(asdict(config)) for c in mine["config"]]]
+        same = mine.loc[[comparable(json.loads(c)) == comparable(asdict(config)) for c in mine["config"]]]
         done = same[same["status"] == "finished"]
         if len(done):
             found[key] = str(done["run_id"].iloc[-1])

@@ -6,15 +6,17 @@ Each step (README "The algorithm"):
   3. reward    -- format + accuracy reward per rollout                               (rewards)
   4. advantage -- group advantages over groups of unequal size                      (algo.advantages)
   5. sketch    -- gradient sketches scaled by nothing: pruners weigh them by |A|     (algo.sketches)
-  6. prune     -- keep mask, scores, reasons, loss weights per rollout               (algo.pruners)
+  6. prune     -- identical completions merged (exact), then keep mask, scores, reasons, loss weights
+                  per rollout                                                        (algo.duplicates, algo.pruners)
   7. logprob   -- reference (and, if asked, old) log-probs on KEPT rollouts only     (engines)
   8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts (algo.minibatches,
                   algo.objectives)
   9. record    -- the step's rollouts, groups, decisions and timings to the store   (store.step_rows)
  10. budget    -- the controller's new state from this step's kept counts           (algo.budgets)
 
-Departures from the authors' verl fork, on purpose: pruning acts per prompt group with a
-gradient-sketch DPP (`fastrl`) instead of a token-overlap rule (available as `fastrl_official`);
+Departures from the authors' verl fork, on purpose: pruning acts per prompt group with a weighted
+coreset on gradient sketches (`fastrl`) instead of a token-overlap rule (available as `fastrl_official`, and the
+paper's rule as written as `fastrl_paper`), after identical completions are merged with their multiplicity;
 with the HF engine the behaviour log-probs from generate are the old log-probs (they match a fresh
 forward to ~1e-6, NOTES §2), so the old pass is skipped for every method alike unless
 `recompute_old_logprobs` is set (its default, auto, sets it for vLLM, whose numerics differ).

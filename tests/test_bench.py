@@ -119,6 +119,12 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     again = json.loads((out / "results.json").read_text())
     assert {r["run_id"] for r in again["runs"]} == (set(ids) - {stale}) | (set(runs.index) - set(ids))
 
+    # a method added later to the same store (no run of that name yet) trains alone, the others are kept
+    added = ["bench", "--methods", "grpo,fastrl,cppo", "--seeds", "0", "--store", str(store_dir), "--out", str(out),
+             *TINY]
+    assert main(added) == 0
+    assert "seed 0: training cppo; finished in the store: grpo, fastrl" in capsys.readouterr().out
+
 
 def test_a_store_without_cpu_columns_still_reads_compacts_and_compares(tmp_path):
     """Steps rows written before `cpu_<phase>` existed (the synthetic steps have none) beside a run that has them."""

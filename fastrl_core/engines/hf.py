@@ -6,7 +6,9 @@ embedded tiny one included. Each distinct prompt's image is encoded ONCE per cal
 rollouts: the vision tower runs on the P prompt images, and the N-row batch gets them through transformers'
 `mm_encoder_outputs` (pre-encoded image features, one entry per row, rows of a prompt pointing at the same
 tensor), with `image_grid_thw` / `mm_token_type_ids` expanded so the 3-D mRoPE positions are the usual ones.
-`share_images=False` is the naive path (pixels repeated per rollout), kept to check and measure the saving.
+`share_images=False` is the naive path (pixels repeated per rollout), kept to check and measure the saving; it is
+also what runs on a transformers whose model forward has no `mm_encoder_outputs` (5.17 has none; 5.23 has it),
+with the same numbers, only slower (`accepts_encoder_outputs`).
 
 Randomness: HF sampling draws from torch's global RNG. `generate` seeds it from the passed generator (one int64
 draw) inside `torch.random.fork_rng`, so a generator in a given state gives the same rollouts and the caller's
@@ -115,6 +117,13 @@ class _StepRecorder(StoppingCriteria):
         self._handle.remove()
 
 
+def accepts_encoder_outputs(model) -> bool:
+    """Whether `model.forward` takes pre-encoded image features (`mm_encoder_outputs`, transformers >= 5.20 or so)."""
+    import inspect
+
+    return "mm_encoder_outputs" in inspect.signature(model.forward).parameters
+
+
 class HFEngine:
     """Samples rollouts with `policy.model.generate` and re-scores them with a forward pass.
 
@@ -140,7 +149,7 @@ class HFEngine:
         self.temperature = temperature
         self.sketch_projection = sketch_projection
         self.sketch_top_k = sketch_top_k
-        self.share_images = share_images
+        self.share_images = share_images and accepts_encoder_outputs(policy.model)
         self._cached: tuple[tuple[str, ...], PromptBatch] | None = None
         config = policy.model.generation_config
         eos = config.eos_token_id if config.eos_token_id is not None else policy.eos_token_id

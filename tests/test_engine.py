@@ -287,3 +287,18 @@ def test_width_builder_rejects_a_vocabulary_below_the_tokenizer_and_bad_head_dim
     assert config.text_config.rope_parameters["mrope_section"] == [16, 24, 24]
     assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 2048
     assert QWEN2_5_VL_3B_WIDTHS.num_layers == 36 and QWEN2_5_VL_3B_WIDTHS.vocab_size == 151_936
+
+
+def test_images_are_shared_only_where_the_model_takes_pre_encoded_features(problems):
+    """transformers 5.17's Qwen2.5-VL forward has no `mm_encoder_outputs` (5.23's has): the engine then repeats pixels
+    per rollout (the naive path, same numbers) instead of failing inside generate."""
+    from fastrl_core.engines.hf import accepts_encoder_outputs
+
+    policy = load_policy("embedded")
+    assert accepts_encoder_outputs(policy.model) and HFEngine(policy).share_images
+
+    class OlderForward(torch.nn.Module):  # a forward signature like transformers 5.17's, without the argument
+        def forward(self, input_ids=None, pixel_values=None, image_grid_thw=None, **kwargs):
+            return None
+
+    assert not accepts_encoder_outputs(OlderForward())

@@ -130,3 +130,22 @@ def selected_keys(points: list[dict]) -> list[tuple[int, str]]:
         step, rollout_id = (custom["0"], custom["1"]) if isinstance(custom, dict) else (custom[0], custom[1])
         keys.append((int(step), str(rollout_id)))
     return keys
+
+
+def pruning_saving(steps: pd.DataFrame) -> str:
+    """One sentence on what pruning saved in a run, from its steps rows (phase seconds and rollout counts): which
+    passes the pruned rollouts skipped (the update always; the reference / old log-prob passes only if the run spent
+    time in them) and, assuming those passes cost the same per rollout, the seconds the pruned ones would have added."""
+    sampled, kept = int(steps["rollouts_sampled"].sum()), int(steps["rollouts_kept"].sum())
+    update = float(steps["time_update"].sum()) if "time_update" in steps else 0.0
+    logprob = float(steps["time_logprob"].sum()) if "time_logprob" in steps else 0.0
+    if sampled == 0 or kept >= sampled:
+        return "No rollout was pruned in this run."
+    passes = "the update and the reference / old log-prob passes" if logprob > 0 else \
+        "the update (no reference or old log-prob pass ran in this run)"
+    text = f"The {sampled - kept:,} pruned rollouts of {sampled:,} skipped {passes}."
+    if kept:
+        extra = (update + logprob) * (sampled - kept) / kept
+        text += (f" The {kept:,} kept ones cost {update + logprob:.0f} s there; at that cost per rollout the pruned ones "
+                 f"would have added ~{extra:.0f} s.")
+    return text

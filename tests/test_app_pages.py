@@ -473,3 +473,16 @@ def test_demo_page_without_a_baseline_says_so(monkeypatch, tmp_path):
     runs = open_page(monkeypatch, tmp_path, None)  # a live run without evaluations or baseline: no error
     assert "no evaluations yet" in texts(runs)
     assert frame(runs, "methods_table").loc[0, "step speed-up"] == "—"
+
+
+def test_pruning_saving_names_only_the_passes_the_run_had():
+    from app.analysis import pruning_saving
+
+    steps = pd.DataFrame({"rollouts_sampled": [100, 100], "rollouts_kept": [50, 30], "time_update": [3.0, 1.0],
+                          "time_logprob": [0.0, 0.0]})
+    text = pruning_saving(steps)
+    assert "no reference or old log-prob pass ran" in text and "120 pruned rollouts of 200" in text
+    assert "~6 s" in text  # (3 + 1) s on 80 kept -> 120 more at the same cost per rollout
+    with_kl = steps.assign(time_logprob=[1.0, 1.0])
+    assert "the update and the reference / old log-prob passes" in pruning_saving(with_kl)
+    assert pruning_saving(steps.assign(rollouts_kept=[100, 100])) == "No rollout was pruned in this run."

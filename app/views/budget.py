@@ -34,8 +34,7 @@ def budget() -> None:
     with left:
         st.subheader("Sampled vs kept")
         st.plotly_chart(charts.sampled_vs_kept(steps, revision=run_id), key="sampled_vs_kept")
-        st.caption("The shaded gap is what pruning saved: those rollouts skip the reference and old-policy "
-                   "forward passes and the update.")
+        st.caption("The shaded gap is what pruning saved. " + analysis.pruning_saving(steps))
     with right:
         st.subheader("Rollouts per prompt")
         st.plotly_chart(charts.rollouts_per_prompt(matrix, revision=run_id), key="per_prompt")

@@ -16,8 +16,9 @@ run_id = run["run_id"]
 st.markdown(
     "GRPO learns by sampling several answers to each question and comparing them: answers better than their "
     "group's average are reinforced, worse ones discouraged. When a group's answers are all equally good (or all "
-    "equally wrong) nothing is learned from them, yet plain GRPO still pays for them in three more passes through "
-    "the model. **FastRL prunes such rollouts before those passes, keeps a diverse set of the informative ones, "
+    "equally wrong) nothing is learned from them, yet plain GRPO still pays for them in the passes after "
+    "generation (the update, and the reference and old-policy passes where a run has them). **FastRL prunes such "
+    "rollouts before those passes, keeps the informative ones that stand for the rest, "
     "and adapts how many answers to sample per question.**")
 live = any(widgets.is_live(r) for _, r in runs.iterrows())
 
@@ -82,7 +83,7 @@ def story() -> None:
         f"Over {len(steps)} steps the run sampled **{int(steps['rollouts_sampled'].sum()):,}** rollouts and sent "
         f"**{kept_share:.0%}** of them through the log-probability passes and the update; the rest were dropped "
         f"right after being scored. It ended at **{steps['rollouts_per_prompt'].iloc[-1]:.1f} rollouts per prompt** "
-        f"(started at {steps['rollouts_per_prompt'].iloc[0]:.1f}).")
+        f"(started at {steps['rollouts_per_prompt'].iloc[0]:.1f}). " + analysis.pruning_saving(steps))
 
     st.header("3 · Speed and accuracy against GRPO")
     labels = metrics.run_labels(data.runs())

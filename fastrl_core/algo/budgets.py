@@ -70,9 +70,14 @@ def _fixed_init(n: int = 8) -> dict:
     return {"n": _check_count("n", n)}
 
 
+def _same_for_every_prompt(state: dict, prompt_ids: Sequence[str]) -> list[int]:
+    """state["n"] rollouts for each prompt (fixed, and both RolloutSA variants: one n for the whole step)."""
+    return [state["n"]] * len(prompt_ids)
+
+
 BUDGETS.register("fixed")(BudgetController(
     init=_fixed_init,
-    allocate=lambda state, prompt_ids: [state["n"]] * len(prompt_ids),
+    allocate=_same_for_every_prompt,
     update=lambda state, outcome: state,
 ))
 
@@ -115,7 +120,7 @@ def _rollout_sa_update(state: dict, outcome: StepOutcome) -> dict:
 
 BUDGETS.register("rollout_sa")(BudgetController(
     init=_rollout_sa_init,
-    allocate=lambda state, prompt_ids: [state["n"]] * len(prompt_ids),
+    allocate=_same_for_every_prompt,
     update=_rollout_sa_update,
 ))
 
@@ -164,7 +169,7 @@ def _rollout_sa_paper_update(state: dict, outcome: StepOutcome) -> dict:
 
 BUDGETS.register("rollout_sa_paper")(BudgetController(
     init=_rollout_sa_paper_init,
-    allocate=lambda state, prompt_ids: [state["n"]] * len(prompt_ids),
+    allocate=_same_for_every_prompt,
     update=_rollout_sa_paper_update,
 ))
 

@@ -102,24 +102,6 @@ def method_config(config_path: str | Path, method: str, seed: int, store: str, o
         raise ValueError(f"method {method!r} ({' '.join(METHODS[method])}): {text}") from None
 
 
-def check_registered(configs: dict[tuple[str, int], TrainConfig]) -> None:
-    """Every method's pruner, budget and objective must be registered: one error naming each that is not."""
-    from fastrl_core.algo.budgets import BUDGETS
-    from fastrl_core.algo.objectives import POLICY_LOSSES
-    from fastrl_core.algo.pruners import PRUNERS
-
-    problems = []
-    for method in dict.fromkeys(m for m, _ in configs):
-        config = next(c for (m, _), c in configs.items() if m == method)
-        for kind, name, registry in (("pruner", config.pruner, PRUNERS), ("budget", config.budget, BUDGETS),
-                                     ("objective", config.objective, POLICY_LOSSES)):
-            if name not in registry:
-                problems.append(f"method {method!r} needs {kind} {name!r}, which is not registered "
-                                f"(registered: {', '.join(registry.names())})")
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
 def comparable(config: dict) -> str:
     """A config as JSON without the store location: the key that says a stored run is this (method, seed)."""
     values = json.loads(json.dumps(config, default=str))
@@ -344,8 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"override(s) {owned}: the bench sets seed (--seeds), store_dir (--store) and run_name")
         chosen = plan([m.strip() for m in args.methods.split(",") if m.strip()], seeds, seeds_for)
         configs = {(m, s): method_config(args.config, m, s, args.store, args.overrides)
-                   for m, method_seeds in chosen.items() for s in method_seeds}
-        check_registered(configs)
+                   for m, method_seeds in chosen.items() for s in method_seeds}  # load_config checks names
     except (ValueError, KeyError) as error:
         parser.error(str(error.args[0] if isinstance(error, KeyError) else error))
 

@@ -23,6 +23,7 @@ They are computed while generate runs, one decoding step at a time, and the step
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -119,8 +120,6 @@ class _StepRecorder(StoppingCriteria):
 
 def accepts_encoder_outputs(model) -> bool:
     """Whether `model.forward` takes pre-encoded image features (`mm_encoder_outputs`, transformers >= 5.20 or so)."""
-    import inspect
-
     return "mm_encoder_outputs" in inspect.signature(model.forward).parameters
 
 

@@ -130,7 +130,8 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> d
 
 
 def train_interleaved(configs: dict[str, TrainConfig], log=print) -> dict[str, str]:
-    """Train one seed's methods round-robin, one `train_step()` each in turn; returns method -> run id.
+    """Train one seed's methods round-robin, one `train_step()` each in turn, the order rotated every round;
+    returns method -> run id.
 
     The loop of `Trainer.run` with the methods side by side: evaluation at step 0 and every `eval_every` steps (not
     timed), checkpoints every `checkpoint_every` steps and at the end, the `time_limit_s` stop, a last evaluation,
@@ -142,8 +143,13 @@ def train_interleaved(configs: dict[str, TrainConfig], log=print) -> dict[str, s
         if trainer.config.eval_every:
             trainer.evaluate()
     active = dict(trainers)
+    rounds = 0
     while active:
-        for method, trainer in list(active.items()):
+        names = list(active)
+        shift = rounds % len(names)  # rotate: no method always runs first or after the same neighbour
+        rounds += 1
+        for method in names[shift:] + names[:shift]:
+            trainer = active[method]
             config = trainer.config
             if trainer.step >= config.steps or (config.time_limit_s and trainer.train_seconds >= config.time_limit_s):
                 if config.eval_every and trainer.step % config.eval_every:

@@ -80,6 +80,8 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
         times = [_step_mtimes(store_dir, ids[metrics.bench_run_name(m, seed)]) for m in ("grpo", "fastrl")]
         for k in range(2):
             assert max(t[k] for t in times) < min(t[k + 1] for t in times)
+        # and the order rotates: grpo runs first in round 1, fastrl in round 2
+        assert times[0][0] < times[1][0] and times[1][1] < times[0][1]
     steps = store.read_steps(store_dir, list(ids))
     assert (steps["cpu_generate"] > 0).all() and (steps["cpu_update"] > 0).all()
 

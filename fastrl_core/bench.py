@@ -171,7 +171,7 @@ def train_interleaved(configs: dict[str, TrainConfig], log=print) -> dict[str, s
 
 # ----------------------------------------------------------------------------------------------- report
 def collect(store: Path, run_ids: dict[tuple[str, int], str], split: str):
-    """(per-run table, per-method summary, curves) of the bench's runs, by `fastrl_core.metrics`."""
+    """(per-run table, per-method summary, curves, steps rows) of the bench's runs, by `fastrl_core.metrics`."""
     import pandas as pd
 
     from fastrl_core.store import read_evals, read_runs, read_steps
@@ -187,7 +187,7 @@ def collect(store: Path, run_ids: dict[tuple[str, int], str], split: str):
     per_run = metrics.compare_runs(labels, steps, evals)
     curves = pd.concat([metrics.eval_curve(steps[steps["run_id"] == r], evals[evals["run_id"] == r]).assign(run_id=r)
                         for r in ids], ignore_index=True)
-    return per_run, metrics.summarise(per_run), curves
+    return per_run, metrics.summarise(per_run), curves, steps
 
 
 def _fmt(value, spec: str = ".3f", suffix: str = "") -> str:
@@ -225,6 +225,24 @@ def markdown_table(summary, per_run) -> str:
         f"AUC: mean accuracy over the first {_fmt(horizon, '.1f')} s of training (the shortest run).",
     ]
     return "\n".join(lines + notes)
+
+
+def cost_table(steps, per_run) -> tuple[str, list[dict]]:
+    """`metrics.phase_costs` over every step of the bench, and the fixed share of a GRPO step it implies."""
+    costs = metrics.phase_costs(steps)
+    lines = ["| phase | scales with | fixed s/step | ms per rollout | r² | steps |", "|---|---|---|---|---|---|"]
+    for _, c in costs.iterrows():
+        lines.append(f"| {c['phase']} | {c['count'].replace('_', ' ')} | {_fmt(c['fixed'], '.3f')} | "
+                     f"{_fmt(c['per_rollout'] * 1000, '.2f')} | {_fmt(c['r2'], '.2f')} | {c['steps']} |")
+    grpo = steps[steps["run_id"].isin(per_run.loc[per_run["method"] == "grpo", "run_id"])]
+    if len(grpo) and costs["fixed"].notna().all():
+        fixed = costs["fixed"].sum()
+        fitted = fixed + sum(c["per_rollout"] * grpo[c["count"]].mean() for _, c in costs.iterrows())
+        lines += ["", f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
+                  f"({grpo['rollouts_sampled'].mean():.0f} sampled, {grpo['rollouts_kept'].mean():.0f} kept per "
+                  f"step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three phases "
+                  f"({fixed / fitted:.0%}): no pruner or budget goes below them on this model and machine."]
+    return "\n".join(lines), _records(costs)
 
 
 def plot(summary, curves, per_run, path: Path) -> None:
@@ -270,13 +288,15 @@ def _records(frame) -> list[dict]:
     return json.loads(frame.to_json(orient="records"))
 
 
-def write_report(out: Path, per_run, summary, curves, *, header: dict) -> str:
+def write_report(out: Path, per_run, summary, curves, steps, *, header: dict) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(summary, per_run)
+    costs_text, costs = cost_table(steps, per_run)
+    table = markdown_table(summary, per_run) + "\n\nWhat each phase costs per step:\n\n" + costs_text
     (out / "results.md").write_text(table + "\n")
     keep = [c for c in per_run.columns if c != "is_baseline"]
     payload = {**header, "confidence": metrics.CONFIDENCE, "window": metrics.WINDOW,
                "target_share": metrics.TARGET_SHARE, "runs": _records(per_run[keep]), "summary": _records(summary),
+               "phase_costs": costs,
                "curves": {run_id: _records(c.drop(columns="run_id")) for run_id, c in curves.groupby("run_id")}}
     (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
     plot(summary, curves, per_run, out / "bench.png")
@@ -350,9 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     run_ids = {key: run_ids[key] for key in configs}  # plan order
 
     split = next(iter(configs.values())).test_split
-    per_run, summary, curves = collect(store, run_ids, split)
+    per_run, summary, curves, steps = collect(store, run_ids, split)
     out = Path(args.out) if args.out else store / "report"
-    table = write_report(out, per_run, summary, curves, header={
+    table = write_report(out, per_run, summary, curves, steps, header={
         "config": str(args.config), "overrides": args.overrides, "store": str(store),
         "methods": {m: METHODS[m] for m in chosen}, "seeds": chosen})
     print("\n" + table + f"\n\nwrote {out}/results.md, results.json, bench.png")

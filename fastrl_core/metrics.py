@@ -20,6 +20,10 @@ Against the baseline of its objective (plain GRPO: pruner `none`, budget `fixed`
     ran), also from CPU seconds;
   - time-to-target speed-up: GRPO's time to target / the run's, on seeds where both reached it.
 
+Over the steps of all runs of one bench (one model, one machine): `phase_costs` fits each phase's seconds per step
+as fixed + per_rollout * count, the count being what the phase scales with (`COST_COUNTS`); the fixed part is what
+no pruning or budget can remove.
+
 Over seeds: means with a 95 % Student-t interval (`mean_ci`; scipy.stats.t). Speed-ups are ratios of paired runs,
 so their interval is taken on the log ratio of each seed's pair (`ratio_ci`): the geometric mean
 exp(mean(log r)) with exp(mean(log r) +- t * sd(log r) / sqrt(n)) -- a ratio's noise is multiplicative, the
@@ -345,3 +349,29 @@ def band(curves: pd.DataFrame, *, x: str = "wall_time", points: int = 50, confid
     intervals = [mean_ci(values[:, i], confidence) for i in range(len(grid))]
     return pd.DataFrame({x: grid, "mean": [i.mean for i in intervals], "low": [i.low for i in intervals],
                          "high": [i.high for i in intervals], "n": len(runs)})
+
+
+COST_COUNTS = {"generate": "rollouts_sampled", "logprob": "rollouts_kept", "update": "rollouts_kept"}
+
+
+def phase_costs(steps: pd.DataFrame) -> pd.DataFrame:
+    """Least-squares `time_<phase> = fixed + per_rollout * <count>` over the given steps rows (pooled over runs that
+    share a model and machine), for each phase of `COST_COUNTS`: generation scales with the rollouts sampled, the
+    scoring passes and the update with the rows kept. `fixed` is the part of a step no pruning or budget removes
+    (per-call and per-token latency, the optimiser's steps). Returns one row per phase: phase, count, fixed,
+    per_rollout (seconds), r2 (NaN when the count never varies or there are < 3 steps), steps."""
+    rows = []
+    for phase, count in COST_COUNTS.items():
+        x = steps[count].to_numpy(float) if count in steps else np.array([])
+        y = steps[f"time_{phase}"].to_numpy(float) if f"time_{phase}" in steps else np.array([])
+        ok = np.isfinite(x) & np.isfinite(y)
+        x, y = x[ok], y[ok]
+        fixed = per_rollout = r2 = math.nan
+        if len(x) >= 3 and np.ptp(x) > 0:
+            per_rollout, fixed = np.polyfit(x, y, 1)
+            residual = y - (fixed + per_rollout * x)
+            r2 = 1.0 - residual.var() / y.var() if y.var() > 0 else math.nan
+        rows.append({"phase": phase, "count": count, "fixed": float(fixed), "per_rollout": float(per_rollout),
+                     "r2": float(r2), "steps": int(len(x))})
+    return pd.DataFrame(rows)
+

@@ -105,6 +105,9 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     for key in ("final_accuracy", "auc", "seconds_per_step", "time_update"):
         assert {f"{key}_{part}" for part in ("mean", "low", "high", "n")} <= set(summary["fastrl"])
     assert "| fastrl | `pruner=fastrl budget=adaptive` | 2 |" in (out / "results.md").read_text()
+    costs = {c["phase"]: c for c in result["phase_costs"]}  # fitted over every step of the 4 runs
+    assert set(costs) == {"generate", "logprob", "update"} and costs["update"]["steps"] == len(steps)
+    assert "| update | rollouts kept |" in (out / "results.md").read_text()
 
     # resumed: nothing is trained again; an unfinished run is trained again from scratch and the old one stopped
     capsys.readouterr()

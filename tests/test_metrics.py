@@ -159,3 +159,30 @@ def test_time_to_target_ignores_the_warm_start_and_says_never():
     assert metrics.time_to_target(curve, 0.6) == 2.0  # trailing means 0.5, 0.6: the 0.9 at step 0 never counts
     assert metrics.time_to_target(curve, 0.61) is None
     assert metrics.time_to_target(curve, 0.5, x="step") == 2.0
+
+
+def test_phase_costs_by_hand():
+    """Three steps on an exact line fit it exactly; a count that never varies has no fit (NaN, not a guess)."""
+    steps = pd.DataFrame({
+        "rollouts_sampled": [128, 64, 96], "rollouts_kept": [40, 40, 40],
+        "time_generate": [0.2 + 0.003 * 128, 0.2 + 0.003 * 64, 0.2 + 0.003 * 96],
+        "time_logprob": [0.1, 0.2, 0.3], "time_update": [0.3, 0.3, 0.3]})
+    costs = metrics.phase_costs(steps).set_index("phase")
+    assert costs.loc["generate", "count"] == "rollouts_sampled"
+    assert costs.loc["generate", "fixed"] == pytest.approx(0.2)
+    assert costs.loc["generate", "per_rollout"] == pytest.approx(0.003)
+    assert costs.loc["generate", "r2"] == pytest.approx(1.0)
+    assert costs.loc["generate", "steps"] == 3
+    assert math.isnan(costs.loc["update", "fixed"]) and math.isnan(costs.loc["logprob", "r2"])
+
+
+def test_phase_costs_r2_of_a_noisy_line():
+    """y = 1 + 2x + e with e orthogonal to x: slope and intercept exact, r2 = 1 - var(e) / var(y)."""
+    x = np.array([0.0, 1.0, 2.0, 3.0])
+    noise = np.array([0.5, -0.5, -0.5, 0.5])  # zero mean, orthogonal to x
+    steps = pd.DataFrame({"rollouts_sampled": x, "rollouts_kept": x, "time_generate": 1 + 2 * x + noise,
+                          "time_logprob": 1 + 2 * x, "time_update": 1 + 2 * x})
+    row = metrics.phase_costs(steps).set_index("phase").loc["generate"]
+    y = 1 + 2 * x + noise
+    assert row["fixed"] == pytest.approx(1.0) and row["per_rollout"] == pytest.approx(2.0)
+    assert row["r2"] == pytest.approx(1 - noise.var() / y.var())

@@ -20,8 +20,8 @@ generate alone, "growth" = peak − RSS just before generate. Configurations:
   sketch-64 + top-K 64 sketch (the engine's default)
 at `--rollouts` x `--tokens` (64 x 256), and at a small size (`--small`, 16 x 64) also
   old       the former path: generate(output_logits, output_hidden_states), logits stacked to (N, T, V) float32,
-            log-softmax + gather, then a top-64 `LmHeadSketcher` over the stacked steps (the reference of
-            tests/test_engine.py). Never at full size: 64 x 256 would be ~10 GB of logits alone.
+            log-softmax + gather, then a top-64 `LmHeadSketcher` over the stacked steps
+            (`fastrl_core.engines.stacked_reference`, also the reference of tests/test_engine.py). Never at full size: 64 x 256 would be ~10 GB of logits alone.
 Printed: peak, growth, seconds of generate, seconds inside `LmHeadSketcher.update` (timed by wrapping it), and
   - growth beyond plain as % of the (N, T, V) float32 logits size   (target <= 25 %)
   - top-K sketch time as % of plain generate: wall difference, and time inside update   (target <= 10 %).
@@ -71,32 +71,6 @@ def rss_kib() -> int:
     return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
 
 
-def old_path(engine, problems, counts, generator):
-    """The engine's former generate (see the module docstring); returns the completion ids."""
-    import torch
-
-    from fastrl_core.algo.sketches import LmHeadSketcher
-
-    prompt_index = torch.repeat_interleave(torch.arange(len(problems)), torch.tensor(counts))
-    prompts = engine.prompt_batch(problems)
-    config = engine._generation_config(do_sample=True, max_new_tokens=engine.max_new_tokens,
-                                       return_dict_in_generate=True, output_logits=True, output_hidden_states=True)
-    seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        out = engine._run_generate(prompts, prompt_index, config)
-    ids = out.sequences[:, prompts.input_ids.shape[1]:]
-    is_eos = torch.isin(ids, torch.tensor(engine.eos_token_ids))
-    mask = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) == 0
-    ids = ids.masked_fill(~mask, engine.pad_token_id)
-    logits = torch.stack(out.logits, dim=1).float()  # (N, T, V)
-    torch.log_softmax(logits, dim=-1).gather(-1, ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
-    sketcher = LmHeadSketcher(len(ids), engine.sketch_projection, top_k=engine.sketch_top_k)
-    for step, layers in enumerate(out.hidden_states):
-        sketcher.update(layers[-1][:, -1].float(), logits[:, step], ids[:, step], mask[:, step])
-    return ids
-
-
 def child(args) -> None:
     """One configuration in this (fresh) process; prints one JSON line."""
     resource.setrlimit(resource.RLIMIT_AS, (args.cap_gib * GIB, args.cap_gib * GIB))
@@ -109,6 +83,7 @@ def child(args) -> None:
     from fastrl_core.data.synthetic import ensure_dataset
     from fastrl_core.data.templates import TEMPLATES
     from fastrl_core.engines.hf import HFEngine
+    from fastrl_core.engines.stacked_reference import stacked_generate
     from fastrl_core.policy import build_policy
     from fastrl_core.warmstart import tokenizer_corpus
 
@@ -141,7 +116,7 @@ def child(args) -> None:
     before = rss_kib()
     start = time.perf_counter()
     if args.child == "old":
-        ids = old_path(engine, problems, counts, torch.Generator().manual_seed(0))
+        ids = stacked_generate(engine, problems, counts, torch.Generator().manual_seed(0))["ids"]
     else:
         ids = engine.generate(problems, counts, generator=torch.Generator().manual_seed(0)).completion_ids
     seconds = time.perf_counter() - start

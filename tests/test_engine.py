@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastrl_core.algo.sketches import LmHeadSketcher, lm_head_sketch, make_projection
+from fastrl_core.algo.sketches import lm_head_sketch, make_projection
 from fastrl_core.data.problems import load_problems
 from fastrl_core.data.synthetic import write_dataset
 from fastrl_core.data.templates import TEMPLATES
 from fastrl_core.engines.hf import HFEngine, Rollouts
+from fastrl_core.engines.stacked_reference import stacked_generate
 from fastrl_core.policy import EMBEDDED_DIR, TINY_WIDTHS, build_policy, build_tiny_policy, load_policy
 from fastrl_core.warmstart import tokenizer_corpus
 
@@ -174,34 +175,6 @@ def test_bad_counts_are_rejected(sampled, problems):
         engine.generate(problems, [1, -1, 1, 1])
 
 
-def stacked_reference(engine: HFEngine, problems, counts, generator: torch.Generator) -> dict:
-    """The engine's former path, kept here only as a reference: generate with `output_logits` and every layer's
-    `output_hidden_states`, stack the step logits to (N, T, V) float32, then log-softmax + gather and one
-    `LmHeadSketcher.update` per step from `hidden_states[s][-1][:, -1]`."""
-    prompt_index = torch.repeat_interleave(torch.arange(len(problems)), torch.tensor(counts))
-    prompts = engine.prompt_batch(problems)
-    config = engine._generation_config(do_sample=True, max_new_tokens=engine.max_new_tokens,
-                                       return_dict_in_generate=True, output_logits=True, output_hidden_states=True)
-    seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        out = engine._run_generate(prompts, prompt_index, config)
-    ids = out.sequences[:, prompts.input_ids.shape[1]:]
-    is_eos = torch.isin(ids, torch.tensor(engine.eos_token_ids))
-    mask = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) == 0
-    ids = ids.masked_fill(~mask, engine.pad_token_id)
-    logits = torch.stack(out.logits, dim=1).float()  # (N, T, V)
-    hidden = torch.stack([layers[-1][:, -1] for layers in out.hidden_states], dim=1).float()  # (N, T, d)
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
-    sketches = None
-    if engine.sketch_projection is not None:
-        sketcher = LmHeadSketcher(len(ids), engine.sketch_projection, top_k=engine.sketch_top_k)
-        for step in range(ids.shape[1]):
-            sketcher.update(hidden[:, step], logits[:, step], ids[:, step], mask[:, step])
-        sketches = sketcher.result()
-    return dict(ids=ids, mask=mask, logprobs=logprobs, sketches=sketches, logits=logits, hidden=hidden)
-
-
 @pytest.mark.parametrize("top_k, with_projection, temperature", [(None, True, 1.0), (16, True, 0.7), (16, False, 1.0)])
 def test_streamed_logprobs_and_sketches_equal_the_stacked_logits_computation(policy, problems, top_k,
                                                                              with_projection, temperature):
@@ -215,7 +188,7 @@ def test_streamed_logprobs_and_sketches_equal_the_stacked_logits_computation(pol
                       sketch_top_k=top_k)
     counts = [3, 0, 2, 4]
     streamed = engine.generate(problems, counts, generator=torch.Generator().manual_seed(11))
-    ref = stacked_reference(engine, problems, counts, torch.Generator().manual_seed(11))
+    ref = stacked_generate(engine, problems, counts, torch.Generator().manual_seed(11))
     ids, mask = ref["ids"], ref["mask"]
     assert torch.equal(streamed.completion_ids, ids) and torch.equal(streamed.completion_mask, mask)
     assert ref["logits"].shape == (sum(counts), ids.shape[1], vocab)

@@ -18,7 +18,9 @@ Against the baseline of its objective (plain GRPO: pruner `none`, budget `fixed`
     warm start; identical across seeds, as the test split is fixed);
   - step speed-up (the paper's): GRPO's training seconds / the run's for the same number of steps (the steps both
     ran), also from CPU seconds;
-  - time-to-target speed-up: GRPO's time to target / the run's, on seeds where both reached it.
+  - time-to-target speed-up: GRPO's time to target / the run's, on seeds where both reached it;
+  - accuracy gain: the run's final accuracy minus GRPO's of the same seed (paired, so seed-to-seed spread that
+    hits both cancels).
 
 Over the steps of all runs of one bench (one model, one machine): `phase_costs` fits each phase's seconds per step
 as fixed + per_rollout * count, the count being what the phase scales with (`COST_COUNTS`); the fixed part is what
@@ -251,7 +253,7 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
                  horizon: float | None = None) -> pd.DataFrame:
     """Per-run figures with the baseline comparison: one row per run of `labels` (run_labels columns) with
     run_figures, baseline_method, target_accuracy, time_to_target, target_speedup, step_speedup,
-    cpu_step_speedup, auc and horizon. `steps` / `evals`: read_steps / read_evals rows of those runs."""
+    cpu_step_speedup, accuracy_gain (final accuracy minus the same seed's baseline's), auc and horizon. `steps` / `evals`: read_steps / read_evals rows of those runs."""
     by_run = {run_id: (s, evals[evals["run_id"] == run_id]) for run_id, s in steps.groupby("run_id", sort=False)}
     empty_steps, empty_evals = steps.iloc[:0], evals.iloc[:0]
     data = {run_id: by_run.get(run_id, (empty_steps, empty_evals)) for run_id in labels["run_id"]}
@@ -266,7 +268,7 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
         return table
     baselines = table[table["is_baseline"]]
     for column in ("baseline_method", "target_accuracy", "time_to_target", "target_speedup", "step_speedup",
-                   "cpu_step_speedup"):
+                   "cpu_step_speedup", "accuracy_gain"):
         table[column] = None
     for objective, group in table.groupby("objective", sort=False):
         base = baselines[baselines["objective"] == objective]
@@ -291,6 +293,7 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
             table.at[index, "step_speedup"] = _ratio(seconds_for_steps(theirs, n), seconds_for_steps(mine, n))
             table.at[index, "cpu_step_speedup"] = _ratio(seconds_for_steps(theirs, n, cpu=True),
                                                          seconds_for_steps(mine, n, cpu=True))
+            table.at[index, "accuracy_gain"] = row["final_accuracy"] - paired["final_accuracy"]
             base_reach = table.loc[table["run_id"] == paired["run_id"], "time_to_target"].iloc[0]
             table.at[index, "target_speedup"] = _ratio(base_reach, table.at[index, "time_to_target"])
     return table
@@ -302,7 +305,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return float(numerator) / float(denominator)
 
 
-SUMMARY_MEANS = ["final_accuracy", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "rollouts_kept",
+SUMMARY_MEANS = ["final_accuracy", "accuracy_gain", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "rollouts_kept",
                  "kept_fraction",
                  *[f"{kind}_{p}" for p in PHASES for kind in ("time", "cpu")]]
 SUMMARY_RATIOS = ["step_speedup", "cpu_step_speedup", "target_speedup"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from fastrl_core import bench, metrics, store
@@ -105,6 +106,14 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     for key in ("final_accuracy", "auc", "seconds_per_step", "time_update"):
         assert {f"{key}_{part}" for part in ("mean", "low", "high", "n")} <= set(summary["fastrl"])
     assert "| fastrl | `pruner=fastrl budget=adaptive` | 2 |" in (out / "results.md").read_text()
+    headline = (out / "results.md").read_text().split("\n\n")[0]
+    assert headline.startswith("| method | seeds | final acc | vs its GRPO, paired")
+    assert "| grpo | 2 |" in headline and "| baseline |" in headline and "| 1× · 51.32 |" in headline
+    gain = summary["fastrl"]["accuracy_gain_mean"]
+    assert gain == pytest.approx(np.mean([rows[("fastrl", s)]["final_accuracy"] - rows[("grpo", s)]["final_accuracy"]
+                                          for s in (0, 1)]))
+    assert f"| fastrl | 2 | {metrics.interval(summary['fastrl'], 'final_accuracy').text('.3f')} | {gain * 100:+.1f}" \
+        in headline
     costs = {c["phase"]: c for c in result["phase_costs"]}  # fitted over every step of the 4 runs
     assert set(costs) == {"generate", "logprob", "update"} and costs["update"]["steps"] == len(steps)
     assert "| update | rollouts kept |" in (out / "results.md").read_text()

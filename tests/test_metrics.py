@@ -109,6 +109,10 @@ def test_compare_runs_by_hand():
     assert table.loc["fastrl-0", "step_speedup"] == pytest.approx(2.0)  # 4 s vs 2 s for the same 4 steps
     assert table.loc["fastrl-1", "cpu_step_speedup"] == pytest.approx(4.0)  # 3.2 vs 0.8 CPU s
     assert table.loc["grpo-1", "step_speedup"] == pytest.approx(1.0)
+    # final accuracies (last 3 evals): grpo 0.6 / 0.5, fastrl 0.6 / 0.7 -> paired gains 0.0 / +0.2
+    assert table.loc["fastrl-0", "accuracy_gain"] == pytest.approx(0.0)
+    assert table.loc["fastrl-1", "accuracy_gain"] == pytest.approx(0.2)
+    assert table.loc["grpo-1", "accuracy_gain"] == pytest.approx(0.0)
     # horizon: the shortest run, 2 s; grpo-0 over [0, 2]: (0.35 + 0.45) / 2; fastrl-0: (0.5 * 0.45 + 1.5 * 0.6) / 2
     assert table["horizon"].tolist() == [2.0] * 4
     assert table.loc["grpo-0", "auc"] == pytest.approx(0.4)
@@ -123,6 +127,8 @@ def test_summarise_gives_intervals_over_seeds():
     assert fastrl["seeds"] == [0, 1] and fastrl["target_reached"] == 2 and summary.loc["grpo", "target_reached"] == 1
     final = metrics.interval(fastrl, "final_accuracy")  # 0.6, 0.7: half = t(0.975, 1) * 0.0707 / sqrt(2)
     assert final.mean == pytest.approx(0.65) and final.high - final.mean == pytest.approx(T_975_DF1 * 0.05)
+    gain = metrics.interval(fastrl, "accuracy_gain")  # 0.0, 0.2: half = t(0.975, 1) * 0.1414 / sqrt(2)
+    assert gain.mean == pytest.approx(0.1) and gain.high - gain.mean == pytest.approx(T_975_DF1 * 0.1)
     step = metrics.interval(fastrl, "step_speedup")
     assert (step.mean, step.low, step.high, step.n) == pytest.approx((2.0, 2.0, 2.0, 2))
     target = metrics.interval(fastrl, "target_speedup")  # one pair: a value without an interval

@@ -72,13 +72,14 @@ class Interval:
         return {f"{prefix}_{key}": value for key, value in asdict(self).items()}
 
     def text(self, spec: str = ".3f", suffix: str = "") -> str:
-        """`0.652 ± 0.021` (symmetric), `1.41× [1.32, 1.50]` (ratio), `—` when there is no value."""
+        """`0.652 ± 0.021` (symmetric; a `+` in spec signs the mean only), `1.41× [1.32, 1.50]` (ratio), `—` when
+        there is no value."""
         if self.n == 0 or not math.isfinite(self.mean):
             return "—"
         if not math.isfinite(self.low):
             return f"{self.mean:{spec}}{suffix} (n={self.n})"
         if math.isclose(self.high - self.mean, self.mean - self.low, rel_tol=1e-6, abs_tol=1e-12):
-            return f"{self.mean:{spec}}{suffix} ± {self.high - self.mean:{spec}}"
+            return f"{self.mean:{spec}}{suffix} ± {self.high - self.mean:{spec.lstrip('+')}}"
         return f"{self.mean:{spec}}{suffix} [{self.low:{spec}}, {self.high:{spec}}]"
 
 

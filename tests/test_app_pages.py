@@ -299,6 +299,8 @@ def test_runs_page_compares_methods_across_seeds_by_hand(monkeypatch, designed):
     assert table.loc["fastrl", "reached target"] == "2/2"
     assert table.loc["fastrl", "final accuracy"].startswith(f"{FASTRL_FINAL:.3f} ± ")
     assert table.loc["grpo", "final accuracy"] == "0.500 ± 0.000"
+    assert table.loc["grpo", "accuracy vs its GRPO (paired)"] == "+0.000 ± 0.000"
+    assert table.loc["fastrl", "accuracy vs its GRPO (paired)"].startswith(f"{FASTRL_FINAL - 0.5:+.3f}")
     band = next(s for s in plotly_specs(at) if any(t.get("fill") == "tonexty" for t in s["data"]))
     names = [t["name"] for t in band["data"] if t.get("showlegend") is not False]
     assert names == ["grpo (2 seeds)", "fastrl (2 seeds)"]

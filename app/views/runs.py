@@ -46,6 +46,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 
     return pd.DataFrame([{
         "method": row["method"], "seeds": len(row["seeds"]), "final accuracy": text(row, "final_accuracy", ".3f"),
+        "accuracy vs its GRPO (paired)": text(row, "accuracy_gain", "+.3f"),
         "step speed-up": text(row, "step_speedup", ".2f", "×"),
         "step speed-up (CPU)": text(row, "cpu_step_speedup", ".2f", "×"),
         "time-to-target speed-up": text(row, "target_speedup", ".2f", "×"),

@@ -283,38 +283,50 @@ def cost_table(steps, per_run) -> tuple[str, list[dict]]:
 
 
 def plot(summary, curves, per_run, path: Path) -> None:
-    """Accuracy against training seconds (mean of the seeds with its 95 % band) and seconds per step by phase."""
+    """Accuracy against training seconds (mean of the seeds with its 95 % band): the GRPO objective's methods on the
+    left, the other objectives' in the middle; seconds per step by phase on the right. One colour per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
-    for method in summary["method"]:
-        ids = per_run.loc[per_run["method"] == method, "run_id"]
-        band = metrics.band(curves[curves["run_id"].isin(ids)])
-        if band.empty:
-            continue
-        ours = method.startswith("fastrl") and "official" not in method and "paper" not in method
-        line, = left.plot(band["wall_time"], band["mean"], "-" if ours or method.startswith("grpo") else "--",
-                          lw=2.4 if ours else 1.3, label=f"{method} (n={int(band['n'].iloc[0])})")
-        if band["low"].notna().any():
-            left.fill_between(band["wall_time"], band["low"], band["high"], color=line.get_color(), alpha=0.15)
-    left.set_xlabel("training seconds (evaluation excluded)")
-    left.set_ylabel("greedy test accuracy (mean of seeds, 95 % band)")
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
+    methods = list(summary["method"])
+    others = [m for m, o in zip(methods, summary["objective"]) if o != "grpo"]
+    fig, axes = plt.subplots(1, 3 if others else 2, figsize=(19 if others else 13, 5.6),
+                             gridspec_kw={"width_ratios": [1.3, 1, 1] if others else [1.2, 1]})
+    colours = dict(zip(methods, plt.get_cmap("tab20").colors * 2))
+    panels = [(axes[0], [m for m in methods if m not in others], "GRPO objective")]
+    if others:
+        panels.append((axes[1], others, "DAPO / GSPO objectives"))
+    for ax, chosen, title in panels:
+        for method in chosen:
+            ids = per_run.loc[per_run["method"] == method, "run_id"]
+            band = metrics.band(curves[curves["run_id"].isin(ids)])
+            if band.empty:
+                continue
+            ours = method.startswith("fastrl") and "official" not in method and "paper" not in method
+            ax.plot(band["wall_time"], band["mean"], "-" if ours or method.startswith("grpo") else "--",
+                    color=colours[method], lw=2.6 if ours else 1.3, label=f"{method} (n={int(band['n'].iloc[0])})")
+            if band["low"].notna().any():
+                ax.fill_between(band["wall_time"], band["low"], band["high"], color=colours[method],
+                                alpha=0.18 if ours or method.startswith("grpo") else 0.06)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("training seconds (evaluation excluded)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7.5, ncol=2 if len(chosen) > 8 else 1, loc="lower right")
+    axes[0].set_ylabel("greedy test accuracy (mean of seeds, 95 % band)")
+    bars = axes[-1]
     bottom = [0.0] * len(summary)
     for phase in PHASES:
         values = [0.0 if not math.isfinite(v) else v for v in summary[f"time_{phase}_mean"]]
-        right.barh(summary["method"], values, left=bottom, label=phase)
+        bars.barh(summary["method"], values, left=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, values)]
     cpu = summary["cpu_per_step_mean"]
     if cpu.notna().any():
-        right.scatter(cpu, summary["method"], marker="|", s=200, color="black", label="CPU s/step", zorder=3)
-    right.set_xlabel("seconds per step by phase (mean of seeds)")
-    right.invert_yaxis()
-    right.legend(fontsize=8, ncol=2, loc="lower right")
+        bars.scatter(cpu, summary["method"], marker="|", s=200, color="black", label="CPU s/step", zorder=3)
+    bars.set_xlabel("seconds per step by phase (mean of seeds)")
+    bars.invert_yaxis()
+    bars.legend(fontsize=8, ncol=2, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

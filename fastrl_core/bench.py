@@ -45,6 +45,7 @@ METHODS: dict[str, list[str]] = {
     "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],  # the authors' code
     "fastrl": ["pruner=fastrl", "budget=adaptive"],
     "fastrl_unmerged": ["pruner=fastrl", "budget=adaptive", "merge_duplicates=false"],  # as where answers rarely repeat
+    "fastrl_fixed_minibatch": ["pruner=fastrl", "budget=adaptive", "minibatch_mode=fixed_size"],  # fewer updates
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],

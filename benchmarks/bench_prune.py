@@ -24,7 +24,7 @@ import time
 import torch
 
 from fastrl_core.algo.advantages import compute_advantages
-from fastrl_core.algo.pruners import PRUNERS, GroupBatch, prune
+from fastrl_core.algo.pruners import PRUNERS, TOKEN_PRUNERS, GroupBatch, prune
 
 
 def speed_batch(groups: int, size: int, dim: int, seed: int = 0) -> GroupBatch:
@@ -46,7 +46,7 @@ def time_pruners(batch: GroupBatch, repeats: int) -> dict[str, tuple[float, floa
     without_tokens = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, batch.sketches)
     for name in PRUNERS.names():
         wall, cpu = [], []
-        run_batch = batch if name == "fastrl_official" else without_tokens  # as the trainer passes them
+        run_batch = batch if name in TOKEN_PRUNERS else without_tokens  # as the trainer passes them
         for attempt in range(repeats + 1):
             start, start_cpu = time.perf_counter(), time.thread_time()
             prune(name, run_batch, generator=torch.Generator().manual_seed(attempt), **options.get(name, {}))

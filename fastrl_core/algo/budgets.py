@@ -106,16 +106,22 @@ def _rollout_sa_update(state: dict, outcome: StepOutcome) -> dict:
         state["f1"].append(kept.mean().item())
         state["f2"].append(kept.max().item())
     if outcome.epoch_end and state["f1"]:
-        a = (outcome.step + 1) / outcome.total_steps
         mean_f1, mean_f2 = sum(state["f1"]) / len(state["f1"]), sum(state["f2"]) / len(state["f2"])
-        f3 = a * mean_f1 + (1 - a) * mean_f2
-        if state["g1"] is None:
-            state["g1"] = (mean_f1 + mean_f2) / 2
-        g1 = state["g1"]
-        state["n"] = max(round(state["n0"] - (g1 - f3)), RSA_FLOOR) if f3 < g1 else state["n0"]
-        state["f3"], state["f1"], state["f2"] = f3, [], []
+        state["f3"], state["g1"], state["n"] = _epoch_end_n(state["n0"], state["g1"], mean_f1, mean_f2, outcome)
+        state["f1"], state["f2"] = [], []
         state["epochs"] += 1
     return state
+
+
+def _epoch_end_n(n0: int, reference: float | None, mean: float, top: float, outcome: StepOutcome
+                 ) -> tuple[float, float, int]:
+    """The epoch-end rule both RolloutSA variants share, from the epoch's mean and max kept counts:
+    g = α·mean + (1 − α)·top with α = (step + 1) / total_steps; the reference (mean + top) / 2 of the first epoch
+    (kept once set); n = max(round(n0 − max(reference − g, 0)), 2). Returns (g, reference, n)."""
+    alpha = (outcome.step + 1) / outcome.total_steps
+    g = alpha * mean + (1 - alpha) * top
+    reference = (mean + top) / 2 if reference is None else reference
+    return g, reference, max(round(n0 - max(reference - g, 0.0)), RSA_FLOOR)
 
 
 BUDGETS.register("rollout_sa")(BudgetController(
@@ -155,14 +161,10 @@ def _rollout_sa_paper_update(state: dict, outcome: StepOutcome) -> dict:
         top = kept.max().item()
         state["kept_max"] = top if state["kept_max"] is None else max(state["kept_max"], top)
     if outcome.epoch_end and state["questions"]:
-        alpha = (outcome.step + 1) / outcome.total_steps
-        mean, top = state["kept_sum"] / state["questions"], state["kept_max"]
-        g_t = alpha * mean + (1 - alpha) * top
-        if state["g_ref"] is None:
-            state["g_ref"] = (mean + top) / 2
-        delta = state["g_ref"] - g_t if g_t < state["g_ref"] else 0.0
-        state["n"] = max(round(state["n0"] - delta), RSA_FLOOR)
-        state["g_t"], state["kept_sum"], state["questions"], state["kept_max"] = g_t, 0.0, 0, None
+        mean = state["kept_sum"] / state["questions"]
+        state["g_t"], state["g_ref"], state["n"] = _epoch_end_n(state["n0"], state["g_ref"], mean,
+                                                                state["kept_max"], outcome)
+        state["kept_sum"], state["questions"], state["kept_max"] = 0.0, 0, None
         state["epochs"] += 1
     return state
 

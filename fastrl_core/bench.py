@@ -248,13 +248,8 @@ def headline_table(summary) -> str:
         iv = lambda name: metrics.interval(row, name)  # noqa: E731
         base = row["baseline_method"]
         gain = iv("accuracy_gain")
-        if row["method"] == base:
-            gain_text = "baseline"
-        elif gain.n == 0 or not math.isfinite(gain.mean):
-            gain_text = "—"
-        else:
-            gain_text = (f"{gain.mean * 100:+.1f}" + (f" ± {(gain.high - gain.mean) * 100:.1f}"
-                                                       if math.isfinite(gain.high) else f" (n={gain.n})"))
+        gain_text = "baseline" if row["method"] == base else metrics.Interval(
+            gain.mean * 100, gain.low * 100, gain.high * 100, gain.n).text("+.1f")  # in points
         share = row["rollouts_sampled_mean"] / sampled[base] - 1 if base in sampled and sampled[base] else math.nan
         lines.append(
             f"| {row['method']} | {len(row['seeds'])} | {iv('final_accuracy').text('.3f')} | {gain_text} | "

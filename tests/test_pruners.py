@@ -282,6 +282,30 @@ def test_fastrl_coreset_weights_carry_each_signs_mass(batch, keep_ratio, min_kee
         assert kept == pytest.approx(share * float((m * batch.advantages)[rows].sum()), rel=1e-4, abs=1e-5)
 
 
+@settings(max_examples=30, deadline=None)
+@given(batch=batches(), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4), with_counts=st.booleans())
+def test_fastrl_coreset_sign_mass_restores_the_zero_sum(batch, keep_ratio, min_keep, with_counts):
+    """mass='sign': the same picks as the default, and per sign the kept rows carry (K / N)·(the sign's whole
+    |A| mass), so Σ_kept m w A = (K / N)·Σ_i m_i A_i (0 for a GRPO group) wherever both signs kept a row (without
+    sign caps a group may keep one sign only); the default carries at most that (test above)."""
+    counts = (1.0 + torch.arange(batch.group_ids.numel()).remainder(3).float()) if with_counts else None
+    batch = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, batch.sketches, counts=counts)
+    default = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep)
+    result = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, mass="sign")
+    assert torch.equal(result.keep_mask, default.keep_mask)
+    m = torch.ones(batch.group_ids.numel()) if counts is None else counts
+    share = float((m * result.keep_mask).sum() / m.sum())
+    nonzero = batch.advantages.abs() > 1e-6
+    for g in batch.group_ids.unique():
+        for sign in (batch.advantages > 0, batch.advantages < 0):
+            rows = (batch.group_ids == g) & sign & nonzero
+            if not (rows & result.keep_mask).any():
+                continue
+            carried = float((m * result.weights * batch.advantages.abs())[rows & result.keep_mask].sum())
+            whole = float((m * batch.advantages.abs())[rows].sum())
+            assert carried == pytest.approx(share * whole, rel=1e-4, abs=1e-6)
+
+
 def test_fastrl_coreset_hand_computed():
     """Positives r0, r1, r2 identical (sketch e1, A = 1), r3 (e2, A = 1); negatives r4, r5 identical (e3, A = −2).
     m = 3 of 6 (no sign caps; with them 2 / 2, the same here). Gains: r4 covers r4, r5: 4; r0 covers r0-r2: 3;

@@ -17,13 +17,14 @@ Keep count (cppo, pods, fastrl): a group of n candidates keeps m = min(n, max(mi
 | pods            | size-m subset of max reward variance (PODS)        | |r − group mean reward| | min(min_keep, n)  |
 | fastrl_official | equal-advantage buckets + token Jaccard (NOTES §1) | 1 − Jaccard to its rep  | 1                 |
 | fastrl          | drop A = 0; per-sign facility-location coreset on  | gain / its sign's mass  | min(min_keep, n') |
-|                 | sketches (CRAIG); selection=dpp: greedy k-DPP      | dpp: exp(log-det gain)  |                   |
+|                 | sketches (CRAIG); selection=dpp: greedy k-DPP;     | dpp: exp(log-det gain)  | matching: 1       |
+|                 | selection=matching: OMP + bounded least squares    | matching: gain / ||t||² |                   |
 
 n' = the group's nonzero-advantage rollouts; fastrl_official ignores keep_ratio and min_keep, as the authors' code
 has no budget. So a group is emptied only by dapo_filter (all rewards equal) and by fastrl (all advantages zero);
 pods and cppo may keep zero-advantage rollouts to reach m. Weights are 1 for kept rollouts except with fastrl
 (coreset: the |A| mass each kept rollout stands for; dpp: sign-mass weights averaging 1 per group, or
-Horvitz–Thompson weights with reweight=True), 0 for pruned.
+Horvitz–Thompson weights with reweight=True; matching: the least-squares weights), 0 for pruned.
 
 Merged duplicates (`algo.duplicates.prune_distinct`): a batch may hold one row per distinct completion of a group
 with its multiplicity in `GroupBatch.counts`; fastrl counts a row's |A| mass m times, the other pruners see
@@ -387,11 +388,17 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
        with ω_i = m_i; "identity": no rollout stands for another, i.e. sign-balanced top m|A|). A rollout stands
        for those of its sign whose best similarity to the kept set is > 0 and is largest to it (others are left
        unrepresented: CRAIG's empty facility is closer); its loss weight per copy is the mass it stands for over
-       its own, γ_j / (m_j|A_j|) (`mass='own'`: 1), all scaled by K / N so the kept loss, which the trainer divides
-       by its own count K, estimates the whole batch's. m is raised to the number of signs present as in step 3,
-       but sign caps are off by default (`balance=None`: off for the coreset, on for the DPP): each sign's mass
-       already enters the gains, and capping measured worse (What was tried). Details and scores:
-       `_fastrl_coreset`.
+       its own, γ_j / (m_j|A_j|) (`mass='own'`: 1; `mass='sign'`: then scaled per sign so the kept rows carry the
+       sign's whole |A| mass, unrepresented rollouts' too, which restores the group's zero sum), all scaled by K / N
+       so the kept loss, which the trainer divides by its own count K, estimates the whole batch's. m is raised
+       to the number of signs present as in step 3, but sign caps are off by default (`balance=None`: off for the
+       coreset, on for the DPP): each sign's mass already enters the gains, and capping measured worse (What was
+       tried). Details and scores: `_fastrl_coreset`.
+    M. selection='matching': gradient matching (`algo.matching`, GradMatch): the same count m, chosen by greedy
+       orthogonal matching pursuit of the group's whole update t = Σ_i m_i A_i φ_i in sketch space, then weighed
+       by bounded least squares (no kept row's effective advantage above the group's |A| mass); a row may stand
+       for rollouts of the other sign, and a pick the fit gives no weight is pruned. The most faithful single
+       step measured, but it trained worse (What was tried, (d)). Details: `_fastrl_matching`.
     2. m = min(n', max(min_keep, ceil(keep_ratio·n'))) of the n' nonzero-advantage rollouts are chosen by greedy
        MAP inference of a DPP (`greedy_dpp`) with L = diag(q) K diag(q): K the cosine kernel of the advantage-free
        sketches, q = (|A| / max_group |A|)^alpha. log det L_S = Σ_S log q² + log det K_S rewards large |A| and
@@ -469,6 +476,22 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     merged, every pruner alone saves little per step over GRPO (CPPO 1.10x, PODS 1.12x, random 1.11x,
     advantage-only 1.08x); the budget alone (`adaptive_only`) 1.29x, and this coreset on top of it 1.39x
     [1.37, 1.41]. No pruner's final accuracy differs from GRPO's beyond seed noise.
+    (d) Gradient matching (`selection='matching'`, GradMatch: OMP picks, bounded least-squares weights) and the
+    zero sum restored (`mass='sign'`), same benchmark and report seeds, warm / trained. Merged, keep 0.5 (24 /
+    20 % kept): matching 0.984 / 0.945, zero sum 0.901 / 0.928, against CPPO 0.977 / 0.938 and this coreset
+    0.966 / 0.952. Matching beats CPPO in 5 / 4 of 6 and PODS in 6 / 6; keep 0.25 gives the same. Unmerged it
+    beats both in 6 of 6, except 5 of 6 against CPPO for the trained policy at keep 0.25. Its relative error is
+    0.19 / 0.28 merged, against CPPO's 0.74 / 0.83. The gain comes from letting a row stand for rollouts of the
+    other sign: capped at its own sign's mass, matching falls to 0.949 against CPPO's 0.968 (choose seeds,
+    warm, merged, keep 0.5). In training both end lower than this coreset (5 seeds each):
+    - matching at 0.785 ± 0.014, −2.0 ± 0.8 pts against GRPO, with late dips to 0.70-0.72
+      (docs/bench/paper-matching);
+    - zero sum at 0.773 ± 0.022, −3.2 ± 2.0 pts; weights 1 (`mass='own'`) at 0.776 ± 0.039, −3.0 ± 4.5 pts
+      (docs/bench/paper-zero-sum);
+    - this coreset at −0.6 ± 2.6 pts.
+    A more faithful first step is not a better run, and the zero sum is not what keeps training on track, so the
+    coreset stays the default. Matching's kept groups are further from zero-sum than the coreset's: |Σ m w A| is
+    25-47 % of Σ m|w A|, against 17-31 %, and the net is positive.
     """
     if selection not in SELECTIONS:
         raise ValueError(f"fastrl: selection must be one of {SELECTIONS}, got {selection!r}")
@@ -479,8 +502,11 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     if alpha < 0 or zero_atol < 0 or not 0 < sampled_fraction <= 1:
         raise ValueError(f"fastrl: need alpha >= 0, zero_atol >= 0, 0 < sampled_fraction <= 1; got alpha={alpha}, "
                          f"zero_atol={zero_atol}, sampled_fraction={sampled_fraction}")
-    if selection == "coreset" and (reweight or min_gain is not None):
+    if selection != "dpp" and (reweight or min_gain is not None):
         raise ValueError("fastrl: reweight and min_gain belong to selection='dpp'")
+    if selection == "matching" and (balance or similarity != "euclidean" or mass != "nearest"):
+        raise ValueError("fastrl: balance, similarity and mass belong to selection='coreset' or 'dpp'; "
+                         "selection='matching' has no sign caps and fits its own weights")
     if balance is None:  # sign caps: on for the DPP (blind to signs), off for the coreset (see step C)
         balance = selection == "dpp"
     advantages = groups.pad(batch.advantages.float(), 0.0)  # (G, M)
@@ -490,12 +516,14 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     n_pos, n_neg = positive.sum(1), (candidates & ~positive).sum(1)
     n_nonzero = n_pos + n_neg
     picks = keep_counts(n_nonzero, keep_ratio, min_keep)
-    if balance or reweight or selection == "coreset":  # at least one pick per sign present
+    if balance or reweight or selection != "dpp":  # at least one pick per sign present
         picks = torch.maximum(picks, (n_pos > 0).long() + (n_neg > 0).long())
     half = picks // 2 if balance else torch.zeros_like(picks)
     cap_pos = torch.minimum(n_pos, picks - torch.minimum(n_neg, half))
     cap_neg = torch.minimum(n_neg, picks - torch.minimum(n_pos, half))
     magnitude = advantages.abs()
+    if selection == "matching":
+        return _fastrl_matching(batch, groups, advantages, counts, candidates, picks, redundant_below)
     if selection == "coreset":
         return _fastrl_coreset(batch, groups, advantages, counts, candidates, positive, picks, cap_pos, cap_neg,
                                similarity, mass, redundant_below)
@@ -522,9 +550,55 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     return _result(groups, keep, scores, reasons, weights)
 
 
-SELECTIONS = ("coreset", "dpp")
+SELECTIONS = ("matching", "coreset", "dpp")
 SIMILARITIES = ("cosine", "euclidean", "euclidean_scaled", "identity")
-MASSES = ("nearest", "own")
+MASSES = ("nearest", "own", "sign")
+
+
+def _fastrl_matching(batch: GroupBatch, groups: Groups, advantages: Tensor, counts: Tensor, candidates: Tensor,
+                     picks: Tensor, redundant_below: float) -> PruneResult:
+    """`fastrl` with selection='matching': per group, the `picks` rows whose weighted sum best matches the group's
+    whole update in sketch space (`algo.matching`, GradMatch by OMP), weighted by bounded least squares.
+
+    u_i = A_i φ_i (φ the advantage-free sketches; without sketches the unit vectors, which makes it top m|A| with
+    weights 1), t = Σ_i m_i u_i over the group's candidates (m = `GroupBatch.counts`). Weights: c = argmin
+    ||Σ_S c_j u_j − t|| with 0 <= c_j <= Σ_i m_i|A_i| / |A_j|, i.e. no kept row's effective advantage |c_j A_j|
+    exceeds the group's whole |A| mass; a row may stand for rollouts of either sign (a pushed-down wrong
+    completion and a pushed-up right one share much of their gradient), so the group need not stay zero-sum.
+    Loss weight per copy c_j / m_j, all scaled by K / N as with the coreset. A pick the fit gives c_j = 0 adds
+    nothing to the update and is pruned (REDUNDANT: the other picks explain the group at least as well without
+    it), so a group keeps between 1 and m rows; where nothing in the group can be matched (t = 0 in sketch space,
+    e.g. all-zero sketches) the picks are kept at their own weight (c_j = m_j). Scores: the pick's gain over
+    ||t||², the share of the group's squared update it explained (unpicked: its gain against the final picks).
+    Unpicked candidates are REDUNDANT if at least `redundant_below` of ||u_i||² lies in the span of the picks,
+    else LOW_ADVANTAGE."""
+    from fastrl_core.algo.matching import box_least_squares, matching_pursuit
+
+    sketches = batch.sketches if batch.sketches is not None else torch.eye(groups.index.shape[1])[groups.slot]
+    padded = sketches.float()[groups.index]  # (G, M, D); padding slots repeat a row and are never candidates
+    signed = torch.where(candidates, advantages.double(), 0.0)  # (G, M)
+    gram = torch.bmm(padded, padded.transpose(1, 2)).double() * signed[:, :, None] * signed[:, None, :]  # u_i · u_j
+    multiplicity = torch.where(candidates, counts.double(), 0.0)
+    target_dot = torch.einsum("gij,gj->gi", gram, multiplicity)  # u_i · t
+    selected, pick_gain, final_gain, spanned = matching_pursuit(gram, target_dot, candidates, picks)
+    magnitude = advantages.double().abs()
+    mass = (multiplicity * magnitude).sum(1, keepdim=True)  # (G, 1)
+    upper = torch.where(selected, mass / magnitude.clamp(min=1e-30), 0.0)
+    coefficients = box_least_squares(gram, target_dot, upper, selected)
+    fitted = selected & (coefficients > 1e-9 * upper)  # FISTA's projection sets unused ones to 0
+    unmatched = (fitted.sum(1) == 0)[:, None]  # t = 0 in sketch space (e.g. zero sketches): the picks at own weight
+    keep = torch.where(unmatched, selected, fitted)
+    coefficients = torch.where(unmatched, counts.double(), coefficients)
+    weights = torch.where(keep, coefficients / counts.double().clamp(min=1e-30), 0.0)
+    kept_count = float((counts * keep).sum())
+    weights = (weights * (kept_count / float(counts[groups.valid].sum()))).float()
+    energy = (multiplicity * target_dot).sum(1, keepdim=True)  # ||t||²
+    gain = torch.where(selected, pick_gain, final_gain)
+    scores = torch.where(candidates, gain / energy.clamp(min=1e-300), 0.0).clamp(0.0, 1.0).float()
+    reasons = torch.where(spanned >= redundant_below, int(Reason.REDUNDANT), int(Reason.LOW_ADVANTAGE))
+    reasons = torch.where(selected, int(Reason.REDUNDANT), reasons)  # a pick the fit gives no weight
+    reasons = torch.where(candidates, reasons, int(Reason.ZERO_ADVANTAGE))
+    return _result(groups, keep, scores, reasons, weights)
 
 
 def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, counts: Tensor, candidates: Tensor,
@@ -540,10 +614,16 @@ def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, count
                         gradients themselves).
     Weights: γ_j = Σ_{i: a(i) = j} ω_i, the mass of the rollouts j stands for (`represented_mass`); j's loss weight
     per copy is γ_j / (m_j|A_j|) (γ_j / m_j with euclidean_scaled), so its m_j copies bring γ_j·s·φ_j into the
-    update, and with cosine / euclidean Σ_kept m_j w_j A_j = Σ_i m_i A_i per sign (the zero sum of a GRPO group
-    holds exactly). All weights are then scaled by K / N (K = Σ_kept m, N = Σ m over the batch, zero-advantage
-    rollouts included), so the kept loss, which the trainer divides by K, estimates the whole batch's loss divided
-    by N; group-relative scales are left as in the full update.
+    update, and with cosine / euclidean Σ_kept m_j w_j A_j = Σ_i m_i A_i per sign over the rollouts that HAVE a
+    representative. A rollout with none (similarity <= 0 to every pick of its sign) passes no mass on, so the
+    group's zero sum holds only when every candidate is represented. Distinct completions rarely are (their exact
+    last-layer cosines are mostly negative), so with duplicates merged it mostly fails: in the paper bench
+    (docs/bench/paper, seeds 0-2) the kept groups' |Σ m w A| was 17-31 % of their Σ m|w A|. Restoring it (each
+    sign's kept weights scaled to the sign's whole mass) made the update less faithful, not more: cosine 0.956 ->
+    0.891 (bench_prune_quality choose seeds, warm start, merged, keep 0.5); `mass='sign'` does it. All weights
+    are then scaled by K / N (K = Σ_kept m, N = Σ m over the batch, zero-advantage rollouts included), so the kept
+    loss, which the trainer divides by K, estimates the whole batch's loss divided by N; group-relative scales are
+    left as in the full update.
     Scores: gain at pick time (unpicked: gain against the final picks) over the sign's total Σ ω_i sim(i, i), in
     [0, 1]. Unpicked candidates are REDUNDANT if sim(i, a(i)) / sim(i, i) >= redundant_below, else LOW_ADVANTAGE."""
     from fastrl_core.algo.coreset import euclidean_similarity, greedy_facility_location, represented_mass
@@ -570,6 +650,12 @@ def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, count
         gamma = represented_mass(element_weight, assignment)  # (G, M)
         per_copy = counts * (magnitude if similarity != "euclidean_scaled" else 1.0)
         weights = torch.where(selected, gamma / per_copy.clamp(min=1e-30), 0.0)
+        if mass == "sign":  # each sign's unrepresented mass too, in proportion to what its kept rows stand for
+            for stratum in (positive, candidates & ~positive):
+                whole = torch.where(stratum, counts * magnitude, 0.0).sum(1, keepdim=True)
+                carried = torch.where(stratum & selected, counts * weights * magnitude, 0.0).sum(1, keepdim=True)
+                ratio = torch.where(carried > 0, whole / carried.clamp(min=1e-30), 0.0)
+                weights = torch.where(stratum & selected, weights * ratio, weights)
         kept_count = float((counts * selected).sum())
         weights = weights * (kept_count / float(counts[groups.valid].sum()))
     self_similarity = kernel.diagonal(dim1=1, dim2=2)  # (G, M)

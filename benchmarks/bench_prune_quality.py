@@ -15,8 +15,10 @@ seeds: mean ± std of cosine(ĝ, g) and of the relative error ||ĝ − g|| / ||g
 fastrl variant the number of seeds where its cosine beats CPPO's / PODS's at the same kept counts.
 
 Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'_g)) (min_keep 2) of the n'_g
-nonzero-advantage rows of group g; CPPO, PODS and random are then run per group with exactly k_g (their own rules,
-`keep_ratio` tiny and `min_keep = k_g`), and the script checks every count. `fastrl_official` keeps what its rule
+nonzero-advantage rows of group g (gradient matching may keep fewer: it prunes a pick its fit gives no weight);
+CPPO, PODS and random are then run per group with exactly each variant's k_g (their own rules, `keep_ratio` tiny
+and `min_keep = k_g`), and the script checks every count. The table lists them at the default's counts; each
+variant's line counts its wins against CPPO and PODS at its own counts. `fastrl_official` keeps what its rule
 keeps; CPPO is run again at its per-group counts. With merging, rows are distinct completions (the cost that
 passes through the log-prob passes and the update): fastrl weighs a row's |A| by its multiplicity, CPPO / PODS /
 random / the official rule see distinct rows only, and every kept row enters ĝ with its multiplicity.
@@ -47,6 +49,8 @@ from fastrl_core.rewards import score_completions
 
 FASTRL_VARIANTS = {  # label -> fastrl options; the first is the default (chosen on the choose seeds)
     "fastrl (coreset, euclidean; default)": {},
+    "fastrl (gradient matching)": {"selection": "matching"},
+    "fastrl (coreset, euclidean, zero sum)": {"mass": "sign"},
     "fastrl (coreset, euclidean, sign caps)": {"similarity": "euclidean", "balance": True},
     "fastrl (coreset, euclidean_scaled, caps)": {"similarity": "euclidean_scaled", "balance": True},
     "fastrl (coreset, euclidean, own mass, caps)": {"similarity": "euclidean", "mass": "own", "balance": True},
@@ -159,16 +163,21 @@ def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_
         out[label] = (cosine, error, int(keep.sum()) / sampled)
 
     record("none (full batch)", torch.ones(len(rows), dtype=torch.bool), torch.ones(len(rows)))
-    counts = None
-    for label, options in FASTRL_VARIANTS.items():
+    done: dict[tuple, tuple] = {}  # (baseline, per-group counts) -> its record at those counts
+    for index, (label, options) in enumerate(FASTRL_VARIANTS.items()):
         result = prune("fastrl", work, keep_ratio=keep_ratio, min_keep=min_keep,
                        generator=torch.Generator().manual_seed(seed), **options)
-        group_counts = kept_per_group(work, result.keep_mask)
-        assert counts is None or counts == group_counts, "fastrl variants keep the same counts"
-        counts = group_counts
         record(label, result.keep_mask, result.weights)
-    for name in ("cppo", "pods", "random"):
-        record(f"{name} @ fastrl's counts", *at_counts(name, work, counts, seed))
+        counts = kept_per_group(work, result.keep_mask)
+        # the baselines at exactly these counts; only the default's are table rows ("@" keys are not printed)
+        at = "fastrl's counts" if index == 0 else f"@ the counts of {label}"
+        out[label] += (at,)
+        for name in ("cppo", "pods", "random") if index == 0 else ("cppo", "pods"):
+            key = (name, tuple(sorted(counts.items())))
+            if key not in done:
+                record(f"{name} @ {at}", *at_counts(name, work, counts, seed))
+                done[key] = out[f"{name} @ {at}"]
+            out[f"{name} @ {at}"] = done[key]
     official = prune("fastrl_official", work, generator=torch.Generator().manual_seed(seed))
     record("fastrl_official (own count)", official.keep_mask, official.weights)
     record("cppo @ official's counts", *at_counts("cppo", work, kept_per_group(work, official.keep_mask), seed))
@@ -176,7 +185,7 @@ def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_
 
 
 def summarise(title: str, per_batch: list[dict]) -> None:
-    methods = list(per_batch[0])
+    methods = [m for m in per_batch[0] if " @ @ " not in m]  # baselines at a non-default variant's counts
     print(f"\n{title}  ({len(per_batch)} batches)")
     print(f"| {'method':44s} | cosine mean ± std | rel. error mean ± std | kept |")
     print(f"|{'-' * 46}|-------------------|-----------------------|------|")
@@ -187,16 +196,17 @@ def summarise(title: str, per_batch: list[dict]) -> None:
         spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
         print(f"| {method:44s} | {statistics.mean(cos):.3f} ± {spread(cos):.3f}     | "
               f"{statistics.mean(err):.3f} ± {spread(err):.3f}         | {kept:.2f} |")
-    cppo, pods = "cppo @ fastrl's counts", "pods @ fastrl's counts"
     official, cppo_official = "fastrl_official (own count)", "cppo @ official's counts"
     n = len(per_batch)
     for label in FASTRL_VARIANTS:
+        counts = per_batch[0][label][3]  # the baselines ran at the variant's own per-group counts
+        cppo, pods = f"cppo @ {counts}", f"pods @ {counts}"
         wins_cppo = sum(b[label][0] > b[cppo][0] for b in per_batch)
         wins_pods = sum(b[label][0] > b[pods][0] for b in per_batch)
         above_official = sum(b[label][0] > b[official][0] for b in per_batch)
         margin = statistics.mean(b[label][0] - b[cppo][0] for b in per_batch)
-        print(f"  {label}: beats CPPO in {wins_cppo}/{n}, PODS in {wins_pods}/{n}, the official rule in "
-              f"{above_official}/{n}; cosine minus CPPO's {margin:+.3f}")
+        print(f"  {label}: beats CPPO in {wins_cppo}/{n}, PODS in {wins_pods}/{n} at {counts.lstrip('@ ')}, the "
+              f"official rule in {above_official}/{n}; cosine minus CPPO's {margin:+.3f}")
     margin = statistics.mean(b[official][0] - b[cppo_official][0] for b in per_batch)
     print(f"  fastrl_official minus CPPO at its counts: {margin:+.3f}")
 

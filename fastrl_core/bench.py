@@ -44,8 +44,14 @@ METHODS: dict[str, list[str]] = {
     "fastrl_paper": ["pruner=fastrl_paper", "budget=rollout_sa_paper"],  # the paper's rule and ARS as written
     "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],  # the authors' code
     "fastrl": ["pruner=fastrl", "budget=adaptive"],
+    "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", "pruner_args.selection=coreset"],  # facility location
+    "fastrl_matching": ["pruner=fastrl", "budget=adaptive", "pruner_args.selection=matching"],  # gradient matching
+    "fastrl_zero_sum": ["pruner=fastrl", "budget=adaptive", "pruner_args.mass=sign"],  # kept groups stay zero-sum
+    "fastrl_own_mass": ["pruner=fastrl", "budget=adaptive", "pruner_args.mass=own"],  # coreset weights 1
     "fastrl_unmerged": ["pruner=fastrl", "budget=adaptive", "merge_duplicates=false"],  # as where answers rarely repeat
     "fastrl_fixed_minibatch": ["pruner=fastrl", "budget=adaptive", "minibatch_mode=fixed_size"],  # fewer updates
+    "grpo_token_mean": ["pruner=none", "budget=fixed", "objective_args.aggregation=token_mean"],  # DAPO's normaliser
+    "fastrl_token_mean": ["pruner=fastrl", "budget=adaptive", "objective_args.aggregation=token_mean"],
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],

@@ -46,7 +46,7 @@ def matching_pursuit(gram: Tensor, target_dot: Tensor, candidates: Tensor, picks
         return left, correlation, torch.where(left > TINY * diagonal, left, 0.0)
 
     for step in range(int(picks.max()) if num_groups else 0):
-        left, correlation, usable_left = state()
+        _, correlation, usable_left = state()
         gain = torch.where(usable_left > 0, correlation.clamp(min=0.0).square() / usable_left.clamp(min=1e-300), 0.0)
         gain = torch.where(candidates & ~selected, gain, -math.inf)
         best_gain, best = gain.max(1)  # (G,), first maximum = lower slot

@@ -52,6 +52,7 @@ METHODS: dict[str, list[str]] = {
     "fastrl_fixed_minibatch": ["pruner=fastrl", "budget=adaptive", "minibatch_mode=fixed_size"],  # fewer updates
     "grpo_token_mean": ["pruner=none", "budget=fixed", "objective_args.aggregation=token_mean"],  # DAPO's normaliser
     "fastrl_token_mean": ["pruner=fastrl", "budget=adaptive", "objective_args.aggregation=token_mean"],
+    "fastrl_keep_0.75": ["pruner=fastrl", "budget=adaptive", "keep_ratio=0.75"],  # prunes less
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],

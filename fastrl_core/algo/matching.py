@@ -39,15 +39,16 @@ def matching_pursuit(gram: Tensor, target_dot: Tensor, candidates: Tensor, picks
     selected = torch.zeros(num_groups, size, dtype=torch.bool)
     pick_gain = torch.full((num_groups, size), -math.inf, dtype=gram.dtype)
 
-    def state() -> tuple[Tensor, Tensor, Tensor]:
-        """||e_j||², e_j · t, and ||e_j||² where j still adds a direction (0 where spanned)."""
+    def state() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """||e_j||², e_j · t, ||e_j||² where j still adds a direction (0 where spanned), and the gain of each j."""
         left = (diagonal - coordinates.square().sum(1)).clamp(min=0.0)
         correlation = target_dot - torch.einsum("gkj,gk->gj", coordinates, target_coordinates)
-        return left, correlation, torch.where(left > TINY * diagonal, left, 0.0)
+        usable_left = torch.where(left > TINY * diagonal, left, 0.0)
+        gain = torch.where(usable_left > 0, correlation.clamp(min=0.0).square() / usable_left.clamp(min=1e-300), 0.0)
+        return left, correlation, usable_left, gain
 
     for step in range(int(picks.max()) if num_groups else 0):
-        _, correlation, usable_left = state()
-        gain = torch.where(usable_left > 0, correlation.clamp(min=0.0).square() / usable_left.clamp(min=1e-300), 0.0)
+        _, correlation, usable_left, gain = state()
         gain = torch.where(candidates & ~selected, gain, -math.inf)
         best_gain, best = gain.max(1)  # (G,), first maximum = lower slot
         active = (step < picks) & torch.isfinite(best_gain)
@@ -62,8 +63,7 @@ def matching_pursuit(gram: Tensor, target_dot: Tensor, candidates: Tensor, picks
         new_target = torch.where(ok, correlation[rows, best] / norm.clamp(min=1e-300), 0.0)
         coordinates = torch.cat([coordinates, new_row[:, None, :]], dim=1)
         target_coordinates = torch.cat([target_coordinates, new_target[:, None]], dim=1)
-    left, correlation, usable_left = state()
-    final = torch.where(usable_left > 0, correlation.clamp(min=0.0).square() / usable_left.clamp(min=1e-300), 0.0)
+    left, _, _, final = state()
     final_gain = torch.where(candidates & ~selected, final, -math.inf)
     spanned = torch.where(diagonal > 0, 1.0 - left / diagonal.clamp(min=1e-300), 1.0).clamp(0.0, 1.0)
     return selected, pick_gain, final_gain, spanned

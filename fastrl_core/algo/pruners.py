@@ -555,6 +555,19 @@ SIMILARITIES = ("cosine", "euclidean", "euclidean_scaled", "identity")
 MASSES = ("nearest", "own", "sign")
 
 
+def _padded_sketches(batch: GroupBatch, groups: Groups) -> Tensor:
+    """(G, M, D) float sketches; without sketches the unit vectors of the slots (no rollout resembles another).
+    Padding slots repeat a row and are never candidates."""
+    sketches = batch.sketches if batch.sketches is not None else torch.eye(groups.index.shape[1])[groups.slot]
+    return sketches.float()[groups.index]
+
+
+def _kept_share(counts: Tensor, keep: Tensor, groups: Groups) -> float:
+    """K / N: kept copies over all copies of the batch (zero-advantage rollouts included), the scale that makes
+    the kept loss, which the trainer divides by K, estimate the whole batch's loss divided by N."""
+    return float((counts * keep).sum()) / float(counts[groups.valid].sum())
+
+
 def _fastrl_matching(batch: GroupBatch, groups: Groups, advantages: Tensor, counts: Tensor, candidates: Tensor,
                      picks: Tensor, redundant_below: float) -> PruneResult:
     """`fastrl` with selection='matching': per group, the `picks` rows whose weighted sum best matches the group's
@@ -574,8 +587,7 @@ def _fastrl_matching(batch: GroupBatch, groups: Groups, advantages: Tensor, coun
     else LOW_ADVANTAGE."""
     from fastrl_core.algo.matching import box_least_squares, matching_pursuit
 
-    sketches = batch.sketches if batch.sketches is not None else torch.eye(groups.index.shape[1])[groups.slot]
-    padded = sketches.float()[groups.index]  # (G, M, D); padding slots repeat a row and are never candidates
+    padded = _padded_sketches(batch, groups)  # (G, M, D)
     signed = torch.where(candidates, advantages.double(), 0.0)  # (G, M)
     gram = torch.bmm(padded, padded.transpose(1, 2)).double() * signed[:, :, None] * signed[:, None, :]  # u_i · u_j
     multiplicity = torch.where(candidates, counts.double(), 0.0)
@@ -590,8 +602,7 @@ def _fastrl_matching(batch: GroupBatch, groups: Groups, advantages: Tensor, coun
     keep = torch.where(unmatched, selected, fitted)
     coefficients = torch.where(unmatched, counts.double(), coefficients)
     weights = torch.where(keep, coefficients / counts.double().clamp(min=1e-30), 0.0)
-    kept_count = float((counts * keep).sum())
-    weights = (weights * (kept_count / float(counts[groups.valid].sum()))).float()
+    weights = (weights * _kept_share(counts, keep, groups)).float()
     energy = (multiplicity * target_dot).sum(1, keepdim=True)  # ||t||²
     gain = torch.where(selected, pick_gain, final_gain)
     scores = torch.where(candidates, gain / energy.clamp(min=1e-300), 0.0).clamp(0.0, 1.0).float()
@@ -633,8 +644,7 @@ def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, count
         kernel = cosine_kernel(batch.sketches if similarity == "cosine" else None, groups)
         element_weight = counts * magnitude
     else:
-        sketches = batch.sketches if batch.sketches is not None else torch.eye(groups.index.shape[1])[groups.slot]
-        padded = sketches.float()[groups.index]  # (G, M, D); padding slots repeat a row and are never candidates
+        padded = _padded_sketches(batch, groups)  # (G, M, D)
         if similarity == "euclidean_scaled":
             scale = magnitude / magnitude.amax(1, keepdim=True).clamp(min=1e-30)
             padded, element_weight = padded * scale[:, :, None], counts
@@ -656,8 +666,7 @@ def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, count
                 carried = torch.where(stratum & selected, counts * weights * magnitude, 0.0).sum(1, keepdim=True)
                 ratio = torch.where(carried > 0, whole / carried.clamp(min=1e-30), 0.0)
                 weights = torch.where(stratum & selected, weights * ratio, weights)
-        kept_count = float((counts * selected).sum())
-        weights = weights * (kept_count / float(counts[groups.valid].sum()))
+        weights = weights * _kept_share(counts, selected, groups)
     self_similarity = kernel.diagonal(dim1=1, dim2=2)  # (G, M)
     total = torch.zeros_like(magnitude)
     for stratum in (positive, candidates & ~positive):

@@ -343,7 +343,8 @@ def _records(frame) -> list[dict]:
 def write_report(out: Path, per_run, summary, curves, steps, *, header: dict) -> str:
     out.mkdir(parents=True, exist_ok=True)
     costs_text, costs = cost_table(steps, per_run)
-    table = (headline_table(summary) + "\n\nEvery figure:\n\n" + markdown_table(summary, per_run)
+    split = f"Accuracy: evaluation split `{header['split']}`.\n\n" if "split" in header else ""
+    table = (split + headline_table(summary) + "\n\nEvery figure:\n\n" + markdown_table(summary, per_run)
              + "\n\nWhat each phase costs per step:\n\n" + costs_text)
     (out / "results.md").write_text(table + "\n")
     keep = [c for c in per_run.columns if c != "is_baseline"]
@@ -389,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default="runs/bench", help="store of the runs (resumed: finished runs are kept)")
     parser.add_argument("--out", default=None, help="folder for results.md, results.json, bench.png "
                                                     "(default: <store>/report)")
+    parser.add_argument("--split", default=None,
+                        help="evaluation split the report reads (default: the config's test_split, greedy); with "
+                             "eval_samples, '<test_split>-sampled' reports mean@k. Finished runs are not retrained, "
+                             "so this re-reports a bench from its store")
     parser.add_argument("--compare", metavar="RESULTS_JSON", default=None,
                         help="another bench's results.json: print both per-step ratios and whether within 10 %%")
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
@@ -422,11 +427,15 @@ def main(argv: list[str] | None = None) -> int:
                 run_ids[(method, seed)] = run_id
     run_ids = {key: run_ids[key] for key in configs}  # plan order
 
-    split = next(iter(configs.values())).test_split
+    test_split = next(iter(configs.values())).test_split
+    split = args.split or test_split
     per_run, summary, curves, steps = collect(store, run_ids, split)
-    out = Path(args.out) if args.out else store / "report"
+    if summary.empty or per_run["final_accuracy"].isna().all():
+        raise SystemExit(f"fastrl bench: no evaluations on split {split!r} in {store} (a sampled split needs "
+                         "eval_samples >= 1)")
+    out = Path(args.out) if args.out else store / ("report" if split == test_split else f"report-{split}")
     table = write_report(out, per_run, summary, curves, steps, header={
-        "config": str(args.config), "overrides": args.overrides, "store": str(store),
+        "config": str(args.config), "overrides": args.overrides, "store": str(store), "split": split,
         "methods": {m: METHODS[m] for m in chosen}, "seeds": chosen})
     print("\n" + table + f"\n\nwrote {out}/results.md, results.json, bench.png")
     if args.compare:

@@ -203,6 +203,9 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
     except UnsupportedSketch as error:
         raise ConfigError(f"{where('sketch', 'sketch_top_k', 'engine', 'pruner')}{error}") from None
 
+    if config.eval_samples and not config.eval_every:
+        raise ConfigError(f"{where('eval_samples', 'eval_every')}eval_samples={config.eval_samples} needs "
+                          "eval_every >= 1: with eval_every=0 the run is never evaluated")
     for key, special in (("model", "embedded"), ("dataset", "synthetic")):
         check_source(key, getattr(config, key), special, where(key))
 

@@ -105,6 +105,9 @@ class TrainConfig:
     # -- evaluation and checkpoints
     eval_every: int = option(10, "evaluate greedy accuracy on the test split every N steps (0 = never)", bounds=">= 0")
     eval_size: int = option(256, "test problems used per evaluation", bounds=">= 1")
+    eval_samples: int = option(0, "also record mean@k: the mean accuracy of k completions per test problem sampled at "
+                                  "the training temperature, as split '<test_split>-sampled' (0 = greedy only)",
+                               bounds=">= 0")
     checkpoint_every: int = option(25, "save a resumable checkpoint every N steps (0 = only at the end)", bounds=">= 0")
     log_rollouts: bool = option(True, "store every rollout's text and sketch (the dashboard's rollout and map pages)")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -342,11 +343,27 @@ class Trainer:
 
     # ---------------------------------------------------------------- loop
     def evaluate(self) -> dict:
-        result = self._evaluate(self.engine, self.policy, self.test_set, template=self.config.template,
+        """Greedy accuracy on the test split (eval split `test_split`) and, with eval_samples = k, mean@k at the
+        training temperature (split `<test_split>-sampled`, key "sampled_accuracy" of the result). Each eval row
+        also holds accuracy_<kind> per problem kind. The samples draw from a generator seeded by the run's seed
+        alone: every evaluation of a run, and the same seed's runs of other methods, share random numbers."""
+        config = self.config
+        result = self._evaluate(self.engine, self.policy, self.test_set, template=config.template,
                                 progress=self.progress)
-        self.writer.write_eval(self.step, self.config.test_split, result["accuracy"], result["n"],
-                               format_rate=result["format_rate"], wall_time=self.train_seconds)
+        self._write_eval(config.test_split, result)
+        if config.eval_samples:
+            sampled = self._evaluate(self.engine, self.policy, self.test_set, template=config.template,
+                                     samples=config.eval_samples, progress=self.progress,
+                                     generator=torch.Generator().manual_seed(config.seed))
+            self._write_eval(f"{config.test_split}-sampled", sampled)
+            result = {**result, "sampled_accuracy": sampled["accuracy"]}
         return result
+
+    def _write_eval(self, split: str, result: dict) -> None:
+        per_kind = {f"accuracy_{re.sub(r'[^0-9A-Za-z_]', '_', kind)}": value
+                    for kind, value in result["per_kind"].items()}
+        self.writer.write_eval(self.step, split, result["accuracy"], result["n"], format_rate=result["format_rate"],
+                               wall_time=self.train_seconds, **per_kind)
 
     def run(self) -> str:
         config = self.config

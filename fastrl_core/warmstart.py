@@ -164,7 +164,7 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
 
     def evaluate_now(step: int) -> dict:
         greedy = evaluate_with(engine, policy, test, template=args.template, progress=False)
-        sampled = evaluate_with(engine, policy, test, template=args.template, sample=True,
+        sampled = evaluate_with(engine, policy, test, template=args.template, samples=1,
                                 generator=torch.Generator().manual_seed(args.seed + step), progress=False)
         entry = {"step": step, "accuracy": greedy["accuracy"], "format_rate": greedy["format_rate"],
                  "sample_accuracy": sampled["accuracy"], "per_kind": greedy["per_kind"],

@@ -106,7 +106,7 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     for key in ("final_accuracy", "auc", "seconds_per_step", "time_update"):
         assert {f"{key}_{part}" for part in ("mean", "low", "high", "n")} <= set(summary["fastrl"])
     assert "| fastrl | `pruner=fastrl budget=adaptive` | 2 |" in (out / "results.md").read_text()
-    headline = (out / "results.md").read_text().split("\n\n")[0]
+    headline = (out / "results.md").read_text().split("\n\n")[1]  # after the split line
     assert headline.startswith("| method | seeds | final acc | vs its GRPO, paired")
     assert "| grpo | 2 |" in headline and "| baseline |" in headline and "| 1× · 51.32 |" in headline
     gain = summary["fastrl"]["accuracy_gain_mean"]
@@ -170,3 +170,21 @@ def test_a_store_without_cpu_columns_still_reads_compacts_and_compares(tmp_path)
     table = metrics.compare_runs(metrics.run_labels(store.read_runs(tmp_path)), steps,
                                  store.read_evals(tmp_path, [old, new])).set_index("method")
     assert table.loc["cppo", "step_speedup"] is not None and table.loc["cppo", "cpu_step_speedup"] is None
+
+
+def test_a_bench_with_sampled_evaluations_reports_either_split_from_its_store(tmp_path, capsys):
+    store_dir = tmp_path / "store"
+    command = ["bench", "--methods", "grpo", "--seeds", "0", "--store", str(store_dir), *TINY, "eval_samples=2"]
+    assert main(command) == 0
+    greedy = (store_dir / "report" / "results.md").read_text()
+    assert greedy.startswith("Accuracy: evaluation split `test`.")
+    capsys.readouterr()
+    assert main([*command, "--split", "test-sampled"]) == 0
+    assert "seed 0: training nothing" in capsys.readouterr().out  # re-reported from the store
+    result = json.loads((store_dir / "report-test-sampled" / "results.json").read_text())
+    assert result["split"] == "test-sampled"
+    evals = store.read_evals(store_dir, result["runs"][0]["run_id"])
+    sampled = evals[evals["split"] == "test-sampled"]
+    assert result["runs"][0]["final_accuracy"] == pytest.approx(sampled["accuracy"].iloc[1:].mean())
+    with pytest.raises(SystemExit, match="no evaluations on split 'nope'"):
+        main([*command, "--split", "nope"])

@@ -1,6 +1,7 @@
 """A short real training run on the embedded default, exact resume, and the trainer's use of its engine: synced
 at start (after a checkpoint is loaded) and after each update, used for evaluation, and dr_grpo's normaliser."""
 
+import collections
 import copy
 import dataclasses
 
@@ -8,10 +9,10 @@ import pytest
 import torch
 
 import fastrl_core.trainer as trainer_module
-from fastrl_core.config import load_config
+from fastrl_core.config import ConfigError, load_config
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
-from fastrl_core.store import read_rollouts, read_runs, read_steps
+from fastrl_core.store import read_evals, read_rollouts, read_runs, read_steps
 from fastrl_core.trainer import PromptSampler, Trainer, load_datasets
 
 
@@ -271,3 +272,32 @@ def test_synthetic_kinds_and_levels_select_the_training_and_test_problems(tmp_pa
     assert {p.kind for p in test_set} <= {"count_dots", "parallel"} and {p.level for p in test_set} == {2}
     with pytest.raises(KeyError, match="synthetic task kind"):
         load_datasets(_config(tmp_path, synthetic_kinds="[triangles]"))
+
+
+def test_sampled_evaluation_is_recorded_per_kind_and_leaves_training_unchanged(tmp_path):
+    """eval_samples = k adds split "<test_split>-sampled" (mean@k, n = problems) beside the greedy one, every row
+    carries accuracy_<kind>, and the sampling draws from its own generator: the steps are those of a run without."""
+    plain = Trainer(_config(tmp_path / "plain", steps=2, eval_every=1, eval_size=12), progress=False)
+    sampled = Trainer(_config(tmp_path / "sampled", steps=2, eval_every=1, eval_size=12, eval_samples=3),
+                      progress=False)
+    runs = [plain.run(), sampled.run()]
+    columns = ["reward_mean", "loss", "rollouts_kept", "accuracy"]
+    first, second = (read_steps(t.config.store_dir, r)[columns] for t, r in zip((plain, sampled), runs))
+    assert first.equals(second)
+
+    evals = read_evals(tmp_path / "sampled", runs[1])
+    assert sorted(set(evals["split"])) == ["test", "test-sampled"] and evals["step"].tolist() == [0, 0, 1, 1, 2, 2]
+    greedy = read_evals(tmp_path / "plain", runs[0])
+    assert evals[evals["split"] == "test"]["accuracy"].tolist() == greedy["accuracy"].tolist()
+    kinds = collections.Counter(problem.kind for problem in sampled.test_set)
+    for _, row in evals.iterrows():
+        assert row["n"] == 12
+        by_kind = sum(row[f"accuracy_{kind}"] * count for kind, count in kinds.items()) / 12
+        assert by_kind == pytest.approx(row["accuracy"])
+        sampled_share = row["accuracy"] * 12 * (3 if row["split"] == "test-sampled" else 1)
+        assert sampled_share == pytest.approx(round(sampled_share))  # a count of correct completions
+
+
+def test_eval_samples_without_evaluations_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="eval_samples=2 needs eval_every >= 1"):
+        Trainer(_config(tmp_path, eval_samples=2), progress=False)

@@ -54,6 +54,7 @@ METHODS: dict[str, list[str]] = {
     "fastrl_token_mean": ["pruner=fastrl", "budget=adaptive", "objective_args.aggregation=token_mean"],
     "fastrl_keep_0.75": ["pruner=fastrl", "budget=adaptive", "keep_ratio=0.75"],  # prunes less
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
+    "fastrl_prune_only": ["pruner=fastrl", "budget=fixed"],  # the pruner alone, n rollouts for every prompt
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],
     "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],

@@ -23,7 +23,10 @@ from fastrl_core import metrics, store
 from fastrl_core.store import PHASES
 
 __all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
-           "budget_matrix", "sketches", "image_bytes", "image_data_url", "sketch_map", "project", "comparison"]
+           "budget_matrix", "sketches", "image_bytes", "image_data_url", "sketch_map", "project", "comparison",
+           "has_sampled", "SAMPLED"]
+
+SAMPLED = "-sampled"  # suffix of a run's mean@k eval split (Trainer.evaluate)
 
 
 def store_dir() -> Path:
@@ -80,7 +83,7 @@ def evals(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=3.0, max_entries=32, show_spinner=False)
-def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple
+def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple, sampled: bool
                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     runs = store.read_runs(store_key)
     runs = runs[runs["run_id"].isin(run_ids)]
@@ -89,6 +92,8 @@ def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple
     steps = store.read_steps(store_key, list(run_ids))
     evals = store.read_evals(store_key, list(run_ids))
     split = runs.set_index("run_id")["eval_split"]  # each run's own split ("test" when it has one)
+    if sampled:
+        split = split + SAMPLED
     evals = evals[evals["split"] == evals["run_id"].map(split)]
     per_run = metrics.compare_runs(labels, steps, evals)
     summary = metrics.summarise(per_run) if len(per_run) else pd.DataFrame(columns=["method"])
@@ -100,11 +105,20 @@ def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple
     return per_run, summary, curves
 
 
-def comparison(run_ids: list[str] | tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def comparison(run_ids: list[str] | tuple[str, ...], *, sampled: bool = False
+               ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(per-run figures, per-method summary with intervals, evaluation curves with run_id and method) of these
-    runs, from `fastrl_core.metrics` (the bench's definitions); re-read when a run has a new step, else every 3 s."""
+    runs, from `fastrl_core.metrics` (the bench's definitions), on each run's greedy eval split or, with
+    `sampled`, its mean@k split ("<split>-sampled", runs with eval_samples); re-read when a run has a new step,
+    else every 3 s."""
     run_ids = tuple(run_ids)
-    return _comparison(_key(), run_ids, _versions(run_ids))
+    return _comparison(_key(), run_ids, _versions(run_ids), sampled)
+
+
+def has_sampled(run_ids: list[str] | tuple[str, ...]) -> bool:
+    """Whether any of these runs recorded mean@k evaluations (eval_samples >= 1)."""
+    frame = evals(run_ids)
+    return bool(len(frame)) and bool(frame["split"].str.endswith(SAMPLED).any())
 
 
 @st.cache_data(max_entries=256, show_spinner=False)

@@ -97,3 +97,17 @@ def rerun_when_finished(run_id: str, live: bool) -> None:
     """Inside a live fragment: redraw the whole page once the run stops running (which ends the timer)."""
     if live and status(current(run_id)) != "running":
         st.rerun(scope="app")
+
+
+ACCURACY = {"greedy": "greedy test accuracy", "sampled (mean@k)": "sampled test accuracy (mean@k, training T)"}
+
+
+def accuracy_choice(run_ids: list[str], *, key: str) -> tuple[bool, str]:
+    """(sampled?, y-axis title): a greedy / mean@k switch when any of the runs recorded mean@k, else greedy.
+    Greedy accuracy can flip on near-ties between evaluations; mean@k follows the expected reward (README)."""
+    if not data.has_sampled(run_ids):
+        return False, ACCURACY["greedy"]
+    choice = st.radio("accuracy", list(ACCURACY), horizontal=True, key=key,
+                      help="Greedy decoding, or the mean accuracy of k completions per problem sampled at the "
+                           "training temperature (eval_samples = k). Greedy flips on near-ties; mean@k is smooth.")
+    return choice != "greedy", ACCURACY[choice]

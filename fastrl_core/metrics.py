@@ -20,7 +20,10 @@ Against the baseline of its objective (plain GRPO: pruner `none`, budget `fixed`
     ran), also from CPU seconds;
   - time-to-target speed-up: GRPO's time to target / the run's, on seeds where both reached it;
   - accuracy gain: the run's final accuracy minus GRPO's of the same seed (paired, so seed-to-seed spread that
-    hits both cancels).
+    hits both cancels);
+  - gain at equal time: the mean, over the run's last `WINDOW` evaluations, of its accuracy minus GRPO's at the
+    same training seconds (GRPO's curve linear between its evaluations; NaN where GRPO was not trained that
+    long). A method that is cheaper per step but learns less per step scores 0 here, whatever its step speed-up.
 
 Over the steps of all runs of one bench (one model, one machine): `phase_costs` fits each phase's seconds per step
 as fixed + per_rollout * count, the count being what the phase scales with (`COST_COUNTS`); the fixed part is what
@@ -254,7 +257,8 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
                  horizon: float | None = None) -> pd.DataFrame:
     """Per-run figures with the baseline comparison: one row per run of `labels` (run_labels columns) with
     run_figures, baseline_method, target_accuracy, time_to_target, target_speedup, step_speedup,
-    cpu_step_speedup, accuracy_gain (final accuracy minus the same seed's baseline's), auc and horizon. `steps` / `evals`: read_steps / read_evals rows of those runs."""
+    cpu_step_speedup, accuracy_gain (final accuracy minus the same seed's baseline's), gain_at_equal_time,
+    auc and horizon. `steps` / `evals`: read_steps / read_evals rows of those runs."""
     by_run = {run_id: (s, evals[evals["run_id"] == run_id]) for run_id, s in steps.groupby("run_id", sort=False)}
     empty_steps, empty_evals = steps.iloc[:0], evals.iloc[:0]
     data = {run_id: by_run.get(run_id, (empty_steps, empty_evals)) for run_id in labels["run_id"]}
@@ -269,7 +273,7 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
         return table
     baselines = table[table["is_baseline"]]
     for column in ("baseline_method", "target_accuracy", "time_to_target", "target_speedup", "step_speedup",
-                   "cpu_step_speedup", "accuracy_gain"):
+                   "cpu_step_speedup", "accuracy_gain", "gain_at_equal_time"):
         table[column] = None
     for objective, group in table.groupby("objective", sort=False):
         base = baselines[baselines["objective"] == objective]
@@ -295,9 +299,24 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
             table.at[index, "cpu_step_speedup"] = _ratio(seconds_for_steps(theirs, n, cpu=True),
                                                          seconds_for_steps(mine, n, cpu=True))
             table.at[index, "accuracy_gain"] = row["final_accuracy"] - paired["final_accuracy"]
+            table.at[index, "gain_at_equal_time"] = gain_at_equal_time(curves[row["run_id"]],
+                                                                       curves[paired["run_id"]])
             base_reach = table.loc[table["run_id"] == paired["run_id"], "time_to_target"].iloc[0]
             table.at[index, "target_speedup"] = _ratio(base_reach, table.at[index, "time_to_target"])
     return table
+
+
+def gain_at_equal_time(curve: pd.DataFrame, baseline: pd.DataFrame, window: int = WINDOW) -> float:
+    """Mean over `curve`'s last `window` evaluations after step 0 of accuracy − `baseline`'s accuracy at the same
+    wall_time (linear between its evaluations); NaN when any of those times lies outside the baseline's."""
+    trained = curve[curve["step"] > 0].tail(window)
+    t, y = baseline["wall_time"].to_numpy(dtype=float), baseline["accuracy"].to_numpy(dtype=float)
+    keep = np.isfinite(t) & np.isfinite(y)
+    t, y = t[keep], y[keep]
+    at = trained["wall_time"].to_numpy(dtype=float)
+    if not len(at) or not len(t) or not np.all((at >= t[0]) & (at <= t[-1])):
+        return math.nan
+    return float(np.mean(trained["accuracy"].to_numpy(dtype=float) - np.interp(at, t, y)))
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -306,7 +325,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return float(numerator) / float(denominator)
 
 
-SUMMARY_MEANS = ["final_accuracy", "accuracy_gain", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "rollouts_kept",
+SUMMARY_MEANS = ["final_accuracy", "accuracy_gain", "gain_at_equal_time", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "rollouts_kept",
                  "kept_fraction",
                  *[f"{kind}_{p}" for p in PHASES for kind in ("time", "cpu")]]
 SUMMARY_RATIOS = ["step_speedup", "cpu_step_speedup", "target_speedup"]

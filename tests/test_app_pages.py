@@ -313,6 +313,32 @@ def test_runs_page_compares_methods_across_seeds_by_hand(monkeypatch, designed):
     assert frame(at, "methods_table").set_index("method").loc["fastrl", "step speed-up"] == "—"
 
 
+def test_runs_and_demo_pages_switch_to_mean_at_k_where_runs_recorded_it(monkeypatch, tmp_path, designed):
+    at = open_page(monkeypatch, designed[0], None)
+    assert not [r for r in at.radio if r.key == "methods_accuracy"]  # greedy only: no switch
+    sampled = {"grpo": 0.40, "fastrl": 0.35}  # mean@k at every evaluation
+    for kind in ("grpo", "fastrl"):
+        for seed in (0, 1):
+            writer = write_run(tmp_path, kind, seed=seed, finish=False)
+            for step, accuracy in EVALS[(kind, seed)]:
+                writer.write_eval(step, "test", accuracy, 256, wall_time=step * RATES[kind])
+                writer.write_eval(step, "test-sampled", sampled[kind], 256, wall_time=step * RATES[kind])
+            writer.finish()
+    at = open_page(monkeypatch, tmp_path, None)
+    assert frame(at, "methods_table").set_index("method").loc["fastrl", "final accuracy"].startswith(
+        f"{FASTRL_FINAL:.3f}")  # greedy by default
+    at.radio(key="methods_accuracy").set_value("sampled (mean@k)").run()
+    table = frame(at, "methods_table").set_index("method")
+    assert table.loc["fastrl", "final accuracy"] == "0.350 ± 0.000" and table.loc["grpo", "final accuracy"] == \
+        "0.400 ± 0.000"
+    assert table.loc["fastrl", "accuracy vs its GRPO (paired)"] == "-0.050 ± 0.000"
+    chart = next(s for s in plotly_specs(at) if s["layout"].get("uirevision") == "methods")
+    assert "mean@k" in chart["layout"]["yaxis"]["title"]["text"]
+    demo = open_page(monkeypatch, tmp_path, "demo")
+    demo.radio(key="demo_accuracy").set_value("sampled (mean@k)").run()
+    assert metrics(demo)["FastRL accuracy"] == "35.0% ± 0.0 pts" and "mean@k" in texts(demo)
+
+
 def test_runs_page_is_served_at_its_own_address(monkeypatch, designed):
     """`/runs` must name a registered page: Streamlit serves the default page at "" whatever its url_path, and a
     direct visit resolves the page whose url_pathname equals the address (PagesManager._resolve_page_script)."""

@@ -113,12 +113,26 @@ def test_compare_runs_by_hand():
     assert table.loc["fastrl-0", "accuracy_gain"] == pytest.approx(0.0)
     assert table.loc["fastrl-1", "accuracy_gain"] == pytest.approx(0.2)
     assert table.loc["grpo-1", "accuracy_gain"] == pytest.approx(0.0)
+    # at equal time: fastrl-0's last 3 evals (1, 1.5, 2 s; 0.6 each) against grpo-0 there (0.4, 0.45, 0.5)
+    assert table.loc["fastrl-0", "gain_at_equal_time"] == pytest.approx(0.15)
+    assert table.loc["fastrl-1", "gain_at_equal_time"] == pytest.approx(0.2)  # 0.7 against a flat 0.5
+    assert table.loc["grpo-0", "gain_at_equal_time"] == pytest.approx(0.0)
     # horizon: the shortest run, 2 s; grpo-0 over [0, 2]: (0.35 + 0.45) / 2; fastrl-0: (0.5 * 0.45 + 1.5 * 0.6) / 2
     assert table["horizon"].tolist() == [2.0] * 4
     assert table.loc["grpo-0", "auc"] == pytest.approx(0.4)
     assert table.loc["fastrl-0", "auc"] == pytest.approx(0.5625)
     assert table.loc["fastrl-0", "kept_fraction"] == pytest.approx(6 / 16)
     assert table.loc["fastrl-0", "seconds_per_step"] == 0.5 and table.loc["fastrl-0", "time_update"] == 0.25
+
+
+def test_gain_at_equal_time_needs_the_baseline_to_have_run_that_long():
+    base = pd.DataFrame({"step": [0, 2, 4], "wall_time": [0.0, 2.0, 4.0], "accuracy": [0.3, 0.5, 0.7]})
+    slower = pd.DataFrame({"step": [0, 2, 4], "wall_time": [0.0, 3.0, 6.0], "accuracy": [0.3, 0.5, 0.7]})
+    assert metrics.gain_at_equal_time(base, base) == 0.0
+    assert math.isnan(metrics.gain_at_equal_time(slower, base))  # 6 s: GRPO was never trained that long
+    # base at 2 s and 4 s against the slower curve there: 0.3 + 0.2 * 2/3 and 0.5 + 0.2 * 1/3
+    assert metrics.gain_at_equal_time(base, slower) == pytest.approx(np.mean([0.5 - (0.3 + 0.2 * 2 / 3),
+                                                                              0.7 - (0.5 + 0.2 / 3)]))
 
 
 def test_summarise_gives_intervals_over_seeds():

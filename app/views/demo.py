@@ -97,7 +97,8 @@ def story() -> None:
         return
     base_method = sorted(base["method"].unique(), key=lambda m: (not m.startswith("grpo"), m))[0]
     ids = labels.loc[labels["method"].isin([method, base_method]), "run_id"].tolist()
-    per_run, summary, curves = data.comparison(ids)
+    sampled, y_title = widgets.accuracy_choice(ids, key="demo_accuracy")
+    per_run, summary, curves = data.comparison(ids, sampled=sampled)
     by_method = summary.set_index("method")
     if method not in by_method.index or base_method not in by_method.index:
         st.info("Waiting for the first evaluations of these runs.")
@@ -107,7 +108,7 @@ def story() -> None:
                       ignore_index=True)
     if not bands.empty:
         st.plotly_chart(charts.band_lines(bands, x="wall_time", x_title="training seconds (evaluation excluded)",
-                                          y_title="greedy test accuracy", revision="demo/compare"),
+                                          y_title=y_title, revision="demo/compare"),
                         key="demo_compare")
     reached = int(ours["target_reached"])
     seeds = len(ours["seeds"])
@@ -124,7 +125,9 @@ def story() -> None:
     caveat = " Some of these runs are still training, so the figures will move." if running else ""
     st.caption(
         f"Measured on this machine: {method} ({seeds} seed{'s' if seeds != 1 else ''}) against {base_method} "
-        f"({len(theirs['seeds'])}), paired by seed. Accuracy is greedy accuracy on the held-out split, mean of the "
+        f"({len(theirs['seeds'])}), paired by seed. Accuracy is "
+        f"{'mean@k (k completions per problem at the training temperature)' if sampled else 'greedy accuracy'} "
+        "on the held-out split, mean of the "
         f"last {metrics.WINDOW} evaluations; ± and [ ] are 95 % intervals over seeds (none with one seed); curves "
         f"show the mean of the seeds with its band.{caveat}")
 

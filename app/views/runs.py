@@ -47,6 +47,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{
         "method": row["method"], "seeds": len(row["seeds"]), "final accuracy": text(row, "final_accuracy", ".3f"),
         "accuracy vs its GRPO (paired)": text(row, "accuracy_gain", "+.3f"),
+        "vs its GRPO at equal time": text(row, "gain_at_equal_time", "+.3f"),
         "step speed-up": text(row, "step_speedup", ".2f", "×"),
         "step speed-up (CPU)": text(row, "cpu_step_speedup", ".2f", "×"),
         "time-to-target speed-up": text(row, "target_speedup", ".2f", "×"),
@@ -61,14 +62,15 @@ def methods_section() -> None:
     if not ids:
         st.info("Pick one or more methods.")
         return
-    per_run, summary, curves = data.comparison(ids)
+    sampled, y_title = widgets.accuracy_choice(ids, key="methods_accuracy")
+    per_run, summary, curves = data.comparison(ids, sampled=sampled)
     x, x_title = X_AXES[x_name]
     bands = pd.concat([metrics.band(c, x=x).assign(method=m) for m, c in curves.groupby("method", sort=False)],
                       ignore_index=True) if len(curves) else pd.DataFrame()
     if bands.empty or bands["mean"].isna().all():
         st.info("These runs have no evaluations yet (or no CPU timings, for the CPU axis).")
     else:
-        st.plotly_chart(charts.band_lines(bands, x=x, x_title=x_title, y_title="greedy test accuracy",
+        st.plotly_chart(charts.band_lines(bands, x=x, x_title=x_title, y_title=y_title,
                                           revision="methods"), key="methods_chart")
     st.dataframe(summary_table(summary), hide_index=True, key="methods_table")
     target = per_run["target_accuracy"].dropna()

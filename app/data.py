@@ -24,9 +24,7 @@ from fastrl_core.store import PHASES
 
 __all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
            "budget_matrix", "sketches", "image_bytes", "image_data_url", "sketch_map", "project", "comparison",
-           "has_sampled", "SAMPLED"]
-
-SAMPLED = "-sampled"  # suffix of a run's mean@k eval split (Trainer.evaluate)
+           "has_sampled"]
 
 
 def store_dir() -> Path:
@@ -93,7 +91,7 @@ def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple, sampl
     evals = store.read_evals(store_key, list(run_ids))
     split = runs.set_index("run_id")["eval_split"]  # each run's own split ("test" when it has one)
     if sampled:
-        split = split + SAMPLED
+        split = split.map(store.sampled_split)
     evals = evals[evals["split"] == evals["run_id"].map(split)]
     per_run = metrics.compare_runs(labels, steps, evals)
     summary = metrics.summarise(per_run) if len(per_run) else pd.DataFrame(columns=["method"])
@@ -118,7 +116,7 @@ def comparison(run_ids: list[str] | tuple[str, ...], *, sampled: bool = False
 def has_sampled(run_ids: list[str] | tuple[str, ...]) -> bool:
     """Whether any of these runs recorded mean@k evaluations (eval_samples >= 1)."""
     frame = evals(run_ids)
-    return bool(len(frame)) and bool(frame["split"].str.endswith(SAMPLED).any())
+    return bool(len(frame)) and bool(frame["split"].str.endswith(store.SAMPLED_SUFFIX).any())
 
 
 @st.cache_data(max_entries=256, show_spinner=False)

@@ -13,20 +13,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import re
 import tempfile
 
 import torch
 
 from fastrl_core.bench import method_config
+from fastrl_core.data.templates import answer_style
 from fastrl_core.evaluate import evaluate_with
+from fastrl_core.rewards import extract_answer
 from fastrl_core.trainer import Trainer
-
-
-def answer(completion: str) -> str:
-    """The last \\boxed{...} of a completion, or '(none)'."""
-    found = re.findall(r"\\boxed\{([^}]*)\}", completion)
-    return found[-1] if found else "(none)"
 
 
 def report(trainer: Trainer, samples: int) -> None:
@@ -35,8 +30,9 @@ def report(trainer: Trainer, samples: int) -> None:
     sampled = evaluate_with(trainer.engine, trainer.policy, problems, template=config.template, samples=samples,
                             generator=torch.Generator().manual_seed(config.seed), progress=False)
     answers: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    style = answer_style(config.template)
     for problem, completion in zip(problems, greedy["completions"]):
-        answers[problem.kind][answer(completion)] += 1
+        answers[problem.kind][extract_answer(completion, style) or "(none)"] += 1
     print(f"step {trainer.step:3d}  greedy {greedy['accuracy']:.3f}  mean@{samples} {sampled['accuracy']:.3f}")
     for kind, count in sorted(answers.items()):
         spread = ", ".join(f"{a}: {n}" for a, n in count.most_common(4))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from fastrl_core import metrics
 from fastrl_core.config import TrainConfig, load_config
+from fastrl_core.store.layout import SAMPLED_SUFFIX
 from fastrl_core.store.schema import PHASES
 
 # name -> overrides; `<method>+<objective>` names share that objective's GRPO baseline (`grpo+<objective>`).
@@ -363,7 +364,8 @@ def write_report(out: Path, per_run, summary, curves, steps, *, header: dict) ->
                "curves": {run_id: _records(c.drop(columns="run_id")) for run_id, c in curves.groupby("run_id")}}
     (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
     split = header.get("split", "test")
-    label = f"mean@k {split.removesuffix('-sampled')}" if split.endswith("-sampled") else f"greedy {split}"
+    label = (f"mean@k {split.removesuffix(SAMPLED_SUFFIX)}" if split.endswith(SAMPLED_SUFFIX)
+             else f"greedy {split}")
     plot(summary, curves, per_run, out / "bench.png", accuracy_label=f"{label} accuracy")
     return table
 

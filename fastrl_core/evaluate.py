@@ -5,10 +5,10 @@ Scored by the same reward functions as training (`fastrl_core.rewards.score_comp
 style): `accuracy` = mean accuracy reward, `format_rate` = mean format reward, `per_kind` = accuracy per
 `Problem.kind`.
 
-Why both: greedy accuracy is a threshold of the policy. On the paper-regime bench one near-tie (\boxed{3} vs
-\boxed{4} on four-dot images, ~11 % of the test set) flips back and forth between evaluations and makes the
-greedy curve dip by ~12 pts while the sampled accuracy moves by under 2 (README, "the dips"). mean@k follows the
-expected reward that RL optimises.
+Why both: greedy accuracy is a threshold of the policy. On the paper-regime bench 59 counting problems (~11 % of
+the test set) flip between evaluations to an answer one dot fewer (4 -> 3, 2 -> 1) and back, so the greedy curve
+dips by ~12 pts while mean@4 moves by ~1 (README, "the mid-run dips"). mean@k follows the expected reward that
+RL optimises.
 
 Which engine decodes: `evaluate_with(engine, ...)` uses the one given. The trainer passes its own (`Trainer.evaluate`),
 so a run is evaluated by the engine kind it samples with, at its `max_new_tokens` and template: on a GPU a vLLM run

@@ -325,8 +325,8 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return float(numerator) / float(denominator)
 
 
-SUMMARY_MEANS = ["final_accuracy", "accuracy_gain", "gain_at_equal_time", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "rollouts_kept",
-                 "kept_fraction",
+SUMMARY_MEANS = ["final_accuracy", "accuracy_gain", "gain_at_equal_time", "auc", "seconds_per_step", "cpu_per_step",
+                 "rollouts_sampled", "rollouts_kept", "kept_fraction",
                  *[f"{kind}_{p}" for p in PHASES for kind in ("time", "cpu")]]
 SUMMARY_RATIOS = ["step_speedup", "cpu_step_speedup", "target_speedup"]
 

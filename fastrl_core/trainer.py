@@ -57,7 +57,7 @@ from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.resolve import ENGINES, PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import RewardParts, score_completions
-from fastrl_core.store import RunWriter, StepResult, image_key, step_rows
+from fastrl_core.store import RunWriter, StepResult, image_key, sampled_split, step_rows
 
 if TYPE_CHECKING:
     from fastrl_core.algo.sketches import SketchProjection
@@ -355,7 +355,7 @@ class Trainer:
             sampled = self._evaluate(self.engine, self.policy, self.test_set, template=config.template,
                                      samples=config.eval_samples, progress=self.progress,
                                      generator=torch.Generator().manual_seed(config.seed))
-            self._write_eval(f"{config.test_split}-sampled", sampled)
+            self._write_eval(sampled_split(config.test_split), sampled)
             result = {**result, "sampled_accuracy": sampled["accuracy"]}
         return result
 

@@ -9,7 +9,7 @@ schemas: `fastrl_core.store.schema`; well-formed fake runs for tests and app wor
 """
 
 from fastrl_core.store.compact import compact, compact_main
-from fastrl_core.store.layout import list_runs
+from fastrl_core.store.layout import SAMPLED_SUFFIX, list_runs, sampled_split
 from fastrl_core.store.readers import (
     latest_step,
     read_budget_matrix,
@@ -26,7 +26,7 @@ from fastrl_core.store.step_rows import GroupStats, StepResult, StepRows, group_
 from fastrl_core.store.writer import RunWriter, image_key
 
 __all__ = [
-    "PHASES", "GroupStats", "RunWriter", "StepResult", "StepRows", "compact", "compact_main", "group_stats",
+    "PHASES", "SAMPLED_SUFFIX", "GroupStats", "RunWriter", "StepResult", "StepRows", "compact", "compact_main", "group_stats",
     "image_key", "latest_step", "list_runs", "read_budget_matrix", "read_evals", "read_groups", "read_image",
-    "read_rollouts", "read_runs", "read_sketches", "read_steps", "step_rows",
+    "read_rollouts", "read_runs", "read_sketches", "read_steps", "sampled_split", "step_rows",
 ]

@@ -50,6 +50,14 @@ def step_file(store_dir: Path, run_id: str, table: str, step: int) -> Path:
     return run_dir(store_dir, run_id) / table / f"step_{step:06d}.parquet"
 
 
+SAMPLED_SUFFIX = "-sampled"  # the eval split of mean@k beside a greedy split (`Trainer.evaluate`, eval_samples)
+
+
+def sampled_split(split: str) -> str:
+    """The eval split holding mean@k for greedy split `split`: "test" -> "test-sampled"."""
+    return split + SAMPLED_SUFFIX
+
+
 def eval_file(store_dir: Path, run_id: str, step: int, split: str) -> Path:
     return run_dir(store_dir, run_id) / "evals" / f"step_{step:06d}_{split}.parquet"
 

@@ -148,4 +148,9 @@ def pruning_saving(steps: pd.DataFrame) -> str:
         extra = (update + logprob) * (sampled - kept) / kept
         text += (f" The {kept:,} kept ones cost {update + logprob:.0f} s there; at that cost per rollout the pruned ones "
                  f"would have added ~{extra:.0f} s.")
+    rho = steps["row_cost"].dropna() if "row_cost" in steps else pd.Series(dtype=float)
+    if len(rho):
+        text += (f" Its keep count came from pass costs on {len(rho):,} of {len(steps):,} steps: a kept row cost "
+                 f"ρ = {rho.median():.4f} (median; {rho.min():.4f}–{rho.max():.4f}) of the step's other seconds, and "
+                 "a row was kept when its share of the step's |A| mass beat its share of the seconds.")
     return text

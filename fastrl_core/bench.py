@@ -45,7 +45,9 @@ METHODS: dict[str, list[str]] = {
     "greso": ["pruner=none", "budget=greso"],  # skip prompts before generation from their reward history
     "fastrl_paper": ["pruner=fastrl_paper", "budget=rollout_sa_paper"],  # the paper's rule and ARS as written
     "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],  # the authors' code
-    "fastrl": ["pruner=fastrl", "budget=adaptive"],
+    # FastRL: the budget, the exact merge, A = 0 dropped, and pruning beyond that only what pays for its passes
+    "fastrl": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured"],
+    "fastrl_ratio": ["pruner=fastrl", "budget=adaptive"],  # the coreset at the config's keep ratio (0.5): before
     "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", "pruner_args.selection=coreset"],  # facility location
     "fastrl_matching": ["pruner=fastrl", "budget=adaptive", "pruner_args.selection=matching"],  # gradient matching
     "fastrl_zero_sum": ["pruner=fastrl", "budget=adaptive", "pruner_args.mass=sign"],  # kept groups stay zero-sum
@@ -57,6 +59,7 @@ METHODS: dict[str, list[str]] = {
     "fastrl_keep_0.75": ["pruner=fastrl", "budget=adaptive", "keep_ratio=0.75"],  # prunes less
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
     "fastrl_prune_only": ["pruner=fastrl", "budget=fixed"],  # the pruner alone, n rollouts for every prompt
+    "fastrl_lossless": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0"],  # nothing pruned beyond A = 0
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],
     "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def _train(args: argparse.Namespace) -> int:
-    from fastrl_core.config import field_help, load_config
+    from fastrl_core.config import ConfigError, field_help, load_config
 
     if args.list_keys:
         from fastrl_core.checks import registry_names
@@ -26,6 +26,12 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if overrides and "=" not in overrides[0]:
         config_path = overrides.pop(0)
+    if args.method:  # the bench's definition of the method, under the command line's own overrides
+        from fastrl_core.bench import METHODS
+
+        if args.method not in METHODS:
+            raise ConfigError(f"--method {args.method!r} is unknown; valid: {', '.join(METHODS)}")
+        overrides = [*METHODS[args.method], *overrides]
     config = load_config(config_path, overrides)
     from fastrl_core.trainer import train
 
@@ -123,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("train", help="train with a YAML config and key=value overrides")
     p.add_argument("overrides", nargs="*", help="[CONFIG.yaml] key=value ... (see --list-keys)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID exactly from its last checkpoint")
+    p.add_argument("--method", metavar="NAME", help="a bench method's settings (grpo, fastrl, cppo, ...: "
+                   "`fastrl bench`'s METHODS) under the overrides given; put it before CONFIG.yaml")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.set_defaults(func=_train)
 

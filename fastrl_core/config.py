@@ -100,6 +100,10 @@ class TrainConfig:
                                     "m times (exact; the copies skip the log-prob passes and are stored as DUPLICATE)")
     keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps", bounds="(0, 1]")
     min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts", bounds=">= 1")
+    row_cost: float | str | None = option(None, "fastrl's keep count from pass costs (algo.costs): null = keep_ratio "
+                                          "alone; 'measured' = each step, rho = one kept row's log-prob + update "
+                                          "seconds over the step's other seconds, fitted on this run's last steps "
+                                          "(decisions then depend on timing); a number = that rho (reproducible)")
     budget: str = option("adaptive", "rollout budget controller: fixed, rollout_sa, adaptive")
     budget_args: dict = option({}, "keyword arguments of the budget controller")
     # -- evaluation and checkpoints

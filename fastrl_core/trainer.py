@@ -7,7 +7,8 @@ Each step (README "The algorithm"):
   4. advantage -- group advantages over groups of unequal size                      (algo.advantages)
   5. sketch    -- gradient sketches scaled by nothing: pruners weigh them by |A|     (algo.sketches)
   6. prune     -- identical completions merged (exact), then keep mask, scores, reasons, loss weights
-                  per rollout                                                        (algo.duplicates, algo.pruners)
+                  per rollout; with row_cost, the keep count from pass costs  (algo.duplicates, algo.pruners,
+                                                                                   algo.costs)
   7. logprob   -- reference (and, if asked, old) log-probs on KEPT rollouts only     (engines)
   8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts (algo.minibatches,
                   algo.objectives)
@@ -45,6 +46,7 @@ from tqdm.auto import tqdm
 
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
+from fastrl_core.algo.costs import fit_row_cost
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
 from fastrl_core.algo.minibatches import minibatch_indices
 from fastrl_core.algo.objectives import policy_loss
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
     EngineFactory = Callable[[TrainConfig, Policy, SketchProjection | None], Engine]
 
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "update", "store")
+COST_WINDOW = 32  # row_cost='measured': steps of phase times the fit reads (the budget moves the other seconds)
 
 
 @dataclass
@@ -190,6 +193,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.budget_state = budget_init(config.budget, n=config.rollouts_per_prompt, **config.budget_args)
         self.step, self.train_seconds, self._last_store = 0, 0.0, (0.0, 0.0)
+        self.pass_costs: list[tuple[int, float, float]] = []  # per step: rows kept, log-prob + update s, step s
         self._images: dict[str, tuple[str, bytes]] = {}
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
@@ -242,11 +246,13 @@ class Trainer:
         # 6. prune (merge_duplicates: identical completions of a prompt are pruned, scored and updated as one row
         #    counted m times; the copies skip every pass and are recorded as DUPLICATE)
         with timer.phase("prune"):
+            row_cost = self.row_cost()
             duplicates = (find_duplicates(group_ids, rollouts.completion_ids, rollouts.completion_mask)
                           if config.merge_duplicates else None)
             decision = prune_distinct(config.pruner, GroupBatch(group_ids, rewards, advantages, sketches, token_ids),
                                       duplicates, keep_ratio=config.keep_ratio, min_keep=config.min_keep,
-                                      generator=torch.Generator().manual_seed(seed + 1), **config.pruner_args)
+                                      generator=torch.Generator().manual_seed(seed + 1), row_cost=row_cost,
+                                      **config.pruner_args)
             kept = decision.keep_mask.nonzero().squeeze(1)
             kept_multiplicity = None if duplicates is None else duplicates.multiplicity[kept].float()  # (K,) or None
 
@@ -306,11 +312,13 @@ class Trainer:
                 reasons=[Reason(r).name for r in decision.reasons.tolist()], scores=decision.scores,
                 weights=decision.weights, sketches=sketches, format_rewards=[p.format for p in parts],
                 accuracy_rewards=accuracy.tolist(), seconds=timer.seconds, cpu_seconds=timer.cpu_seconds,
-                metrics={"lr": self.optimizer.param_groups[0]["lr"], "epoch_end": epoch_end, **metrics},
+                metrics={"lr": self.optimizer.param_groups[0]["lr"], "epoch_end": epoch_end, "row_cost": row_cost,
+                         **metrics},
                 wall_time=self.train_seconds), log_rollouts=config.log_rollouts)
             rows.write_to(self.writer)
         self._last_store = (store_timer.seconds["store"], store_timer.cpu_seconds["store"])
         self.train_seconds += store_timer.seconds["store"]
+        self.pass_costs.append((len(kept), timer.seconds["logprob"] + timer.seconds["update"], timer.total))
 
         # 10. budget: new state from this step's pruning decisions
         stats = rows.stats
@@ -323,6 +331,14 @@ class Trainer:
             accuracy_mean=torch.zeros(len(problems)).index_add_(0, group_ids, accuracy.float()) / sampled.clamp(min=1)))
         self.step += 1
         return {"step": step, **rows.step_row}
+
+    def row_cost(self) -> float | None:
+        """Step 6's ρ (algo.costs): config `row_cost` as given, or with 'measured' fitted on the last
+        COST_WINDOW steps' phase times (None until the fit exists: the keep ratio alone decides)."""
+        if self.config.row_cost != "measured":
+            return self.config.row_cost
+        recent = self.pass_costs[-COST_WINDOW:]
+        return fit_row_cost(*zip(*recent)) if recent else None
 
     def score(self, completions: list[str], problems: list[Problem]) -> list[RewardParts]:
         """Step 3: the reward parts of each completion of its problem (format + accuracy, fastrl_core.rewards)."""
@@ -407,8 +423,8 @@ class Trainer:
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         save_policy(self.policy, tmp / "policy")
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
-                    "train_seconds": self.train_seconds, "python_random": random.getstate()}, tmp / "trainer.pt")
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step, "train_seconds": self.train_seconds,
+                    "python_random": random.getstate(), "pass_costs": self.pass_costs}, tmp / "trainer.pt")
         (tmp / "budget.json").write_text(json.dumps(self.budget_state))
         if final.exists():
             shutil.rmtree(final)
@@ -426,6 +442,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.train_seconds = state["step"], state["train_seconds"]
         random.setstate(state["python_random"])
+        self.pass_costs = state.get("pass_costs", [])  # absent in checkpoints written before row_cost
         self.budget_state = json.loads((path / "budget.json").read_text())
 
 

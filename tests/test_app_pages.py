@@ -514,3 +514,6 @@ def test_pruning_saving_names_only_the_passes_the_run_had():
     with_kl = steps.assign(time_logprob=[1.0, 1.0])
     assert "the update and the reference / old log-prob passes" in pruning_saving(with_kl)
     assert pruning_saving(steps.assign(rollouts_kept=[100, 100])) == "No rollout was pruned in this run."
+    assert "pass costs" not in text and "pass costs" not in pruning_saving(steps.assign(row_cost=[None, None]))
+    costed = pruning_saving(steps.assign(row_cost=[None, 0.0125]))
+    assert "from pass costs on 1 of 2 steps: a kept row cost ρ = 0.0125 (median; 0.0125–0.0125)" in costed

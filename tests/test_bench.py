@@ -105,7 +105,7 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     assert summary["fastrl"]["step_speedup_n"] == 2 and summary["fastrl"]["seeds"] == [0, 1]
     for key in ("final_accuracy", "auc", "seconds_per_step", "time_update"):
         assert {f"{key}_{part}" for part in ("mean", "low", "high", "n")} <= set(summary["fastrl"])
-    assert "| fastrl | `pruner=fastrl budget=adaptive` | 2 |" in (out / "results.md").read_text()
+    assert f"| fastrl | `{' '.join(bench.METHODS['fastrl'])}` | 2 |" in (out / "results.md").read_text()
     headline = (out / "results.md").read_text().split("\n\n")[1]  # after the split line
     assert headline.startswith("| method | seeds | final acc | vs its GRPO, paired")
     assert "| grpo | 2 |" in headline and "| baseline |" in headline and "| 1× · 51.32 |" in headline
@@ -188,3 +188,12 @@ def test_a_bench_with_sampled_evaluations_reports_either_split_from_its_store(tm
     assert result["runs"][0]["final_accuracy"] == pytest.approx(sampled["accuracy"].iloc[1:].mean())
     with pytest.raises(SystemExit, match="no evaluations on split 'nope'"):
         main([*command, "--split", "nope"])
+
+
+@pytest.mark.parametrize("method", sorted(bench.METHODS))
+def test_every_method_loads_on_the_paper_config(method, tmp_path):
+    config = bench.method_config(bench.DEFAULT_CONFIG.parent / "paper.yaml", method, 0, str(tmp_path), [])
+    for override in bench.METHODS[method]:
+        key, value = override.split("=", 1)
+        if "." not in key:
+            assert str(getattr(config, key)).lower() == value.lower(), override

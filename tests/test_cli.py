@@ -35,6 +35,21 @@ def test_train_rejects_an_unknown_key_with_the_valid_names(capsys):
     assert err.count("\n") == 1
 
 
+def test_train_method_applies_the_bench_definition_under_the_overrides_given(tmp_path, capsys):
+    from fastrl_core.bench import METHODS
+
+    tiny = ["steps=1", "eval_every=0", "prompts_per_step=2", "rollouts_per_prompt=2", "synthetic_train=8",
+            "synthetic_test=4", "threads=1", "checkpoint_every=0", f"store_dir={tmp_path}"]
+    assert main(["train", "--method", "fastrl", str(REPO / "configs" / "embedded.yaml"), *tiny, "keep_ratio=0.9"]) == 0
+    config = store.read_runs(tmp_path)["config"].iloc[0]
+    config = config if isinstance(config, dict) else __import__("json").loads(config)
+    assert "row_cost=measured" in METHODS["fastrl"] and config["row_cost"] == "measured"
+    assert config["keep_ratio"] == 0.9  # the command line's override wins over the method's keep_ratio=1.0
+    capsys.readouterr()
+    assert main(["train", "--method", "nope", *tiny]) == 2
+    assert "--method 'nope' is unknown; valid: grpo," in capsys.readouterr().err
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fastrl_core.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)

@@ -107,7 +107,8 @@ def test_every_args_key_is_checked_against_the_entrys_signature(key, name):
 
 
 def test_args_exclude_what_the_trainer_passes_itself():
-    assert {"keep_ratio", "min_keep", "generator"}.isdisjoint(argument_parameters("pruner_args", "fastrl")[0])
+    assert {"keep_ratio", "min_keep", "generator", "row_cost"}.isdisjoint(
+        argument_parameters("pruner_args", "fastrl")[0])
     assert "n" not in argument_parameters("budget_args", "adaptive")[0]  # that is rollouts_per_prompt
     assert {"ref_logprobs", "rollout_weights"}.isdisjoint(argument_parameters("objective_args", "grpo")[0])
     with pytest.raises(ConfigError, match="budget_args.n: budget controller 'adaptive' has no parameter 'n'"):
@@ -315,3 +316,17 @@ def test_dataset_skip_bad_reaches_the_training_loaders(tmp_path):
     train, test = load_datasets(load_config(None, [f"dataset={dataset}", "dataset_skip_bad=true"]))
     assert (len(train), len(train.skipped), len(test), len(test.skipped)) == (9, 1, 3, 1)
     assert train.skipped[0].startswith("row 1 (id ")
+
+
+def test_row_cost_is_null_measured_or_a_number_for_a_pruner_with_a_cost_rule():
+    assert load_config("configs/paper.yaml", []).row_cost is None
+    assert load_config("configs/paper.yaml", ["row_cost=measured"]).row_cost == "measured"
+    assert load_config("configs/paper.yaml", ["row_cost=0"]).row_cost == 0.0
+    assert load_config("configs/paper.yaml", ["row_cost='1e-3'"]).row_cost == pytest.approx(1e-3)  # YAML 1.1 string
+    for value in ("fast", "-0.5"):
+        with pytest.raises(ConfigError, match=rf"^command line: row_cost=.*{value}.*: give null, 'measured' or a "):
+            load_config("configs/paper.yaml", [f"row_cost={value}"])
+    with pytest.raises(ConfigError, match=r"row_cost='measured' with pruner='cppo': only \['fastrl'\] choose"):
+        load_config("configs/paper.yaml", ["row_cost=measured", "pruner=cppo"])
+    with pytest.raises(ConfigError, match="pruner_args.row_cost: pruner 'fastrl' has no parameter 'row_cost'"):
+        load_config("configs/paper.yaml", ["pruner_args.row_cost=0.1"])  # one way to set it: the config key

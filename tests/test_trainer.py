@@ -301,3 +301,38 @@ def test_sampled_evaluation_is_recorded_per_kind_and_leaves_training_unchanged(t
 def test_eval_samples_without_evaluations_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="eval_samples=2 needs eval_every >= 1"):
         Trainer(_config(tmp_path, eval_samples=2), progress=False)
+
+
+def test_a_measured_row_cost_is_fitted_on_the_runs_phase_times_recorded_and_kept_across_resume(tmp_path):
+    from fastrl_core.algo.costs import MIN_FIT_STEPS
+
+    config = _config(tmp_path, steps=8, keep_ratio=1.0, row_cost="measured")
+    trainer = Trainer(config, progress=False)
+    for _ in range(MIN_FIT_STEPS):
+        trainer.train_step()
+    steps = read_steps(tmp_path, trainer.writer.run_id)
+    assert steps["row_cost"].isna().all()  # until the fit exists: the keep ratio alone
+    assert [k for k, _, _ in trainer.pass_costs] == steps["rollouts_kept"].tolist()  # no copies: kept = rows
+    assert all(0 < passes < step for _, passes, step in trainer.pass_costs)
+    # a history whose line is known (real timings of 4 tiny steps are too noisy to fit): 5 ms a row, T0 = 0.5 s
+    trainer.pass_costs = [(k, 0.05 + 0.005 * k, 0.5 + 0.005 * k) for k in (10, 20, 30, 40)]
+    trainer.train_step()
+    assert read_steps(tmp_path, trainer.writer.run_id)["row_cost"].iloc[-1] == pytest.approx(0.01)
+    trainer.save_checkpoint()
+    resumed = Trainer(config, resume=trainer.writer.run_id, progress=False)
+    assert resumed.pass_costs == trainer.pass_costs and len(resumed.pass_costs) == MIN_FIT_STEPS + 1
+
+
+def test_a_given_row_cost_is_reproducible_and_prunes_rows_the_keep_ratio_keeps(tmp_path):
+    masks = {}
+    for name, row_cost in (("a", 0.05), ("b", 0.05), ("free", None)):
+        trainer = Trainer(_config(tmp_path / name, keep_ratio=1.0, row_cost="null" if row_cost is None else row_cost),
+                          progress=False)
+        run_id = trainer.run()
+        rollouts = read_rollouts(tmp_path / name, run_id)
+        masks[name] = rollouts["kept"].to_numpy()
+        masks[name, 0] = rollouts.loc[rollouts["step"] == 0, "kept"].to_numpy()  # same policy in every run
+        if row_cost is not None:
+            assert (read_steps(tmp_path / name, run_id)["row_cost"] == row_cost).all()
+    assert (masks["a"] == masks["b"]).all()
+    assert masks["a", 0].sum() < masks["free", 0].sum() and not (masks["a", 0] & ~masks["free", 0]).any()

@@ -7,6 +7,7 @@ Modules here import only torch and the standard library: no store, app, transfor
 - `advantages`: group advantages for groups of unequal size.
 - `sketches`: fixed-size gradient sketches per rollout.
 - `pruners`: keep/prune decisions per prompt group.
+- `costs`: how many rollouts to keep so that kept signal per second of a step is largest (from pass costs).
 - `budgets`: rollouts per prompt at each step.
 - `minibatches`: how a step's kept rollouts split into PPO mini-batches (several updates per step).
 """

@@ -61,6 +61,7 @@ STEPS = [
     _c("kl", FLOAT, nullable=True, required=False),
     _c("clip_fraction", FLOAT, nullable=True, required=False),
     _c("zero_variance_groups", INT),
+    _c("row_cost", FLOAT, nullable=True, required=False),  # rho the pruner's cost rule used (algo.costs); null: none
     *[_c(f"time_{phase}", FLOAT, nullable=True, required=False) for phase in PHASES],
     # process CPU seconds per phase (PhaseTimer); absent in stores written before they were recorded
     *[_c(f"cpu_{phase}", FLOAT, nullable=True, required=False) for phase in PHASES],

@@ -7,8 +7,7 @@ Each step (README "The algorithm"):
   4. advantage -- group advantages over groups of unequal size                      (algo.advantages)
   5. sketch    -- gradient sketches scaled by nothing: pruners weigh them by |A|     (algo.sketches)
   6. prune     -- identical completions merged (exact), then keep mask, scores, reasons, loss weights
-                  per rollout; with row_cost, the keep count from pass costs  (algo.duplicates, algo.pruners,
-                                                                                   algo.costs)
+                  per rollout (with row_cost: keep count from pass costs)   (algo.duplicates, algo.pruners, costs)
   7. logprob   -- reference (and, if asked, old) log-probs on KEPT rollouts only     (engines)
   8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts (algo.minibatches,
                   algo.objectives)
@@ -193,7 +192,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.budget_state = budget_init(config.budget, n=config.rollouts_per_prompt, **config.budget_args)
         self.step, self.train_seconds, self._last_store = 0, 0.0, (0.0, 0.0)
-        self.pass_costs: list[tuple[int, float, float]] = []  # per step: rows kept, log-prob + update s, step s
+        self.pass_costs: list[tuple[int, float, float]] = []  # last steps: rows kept, log-prob + update s, step s
         self._images: dict[str, tuple[str, bytes]] = {}
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
@@ -318,7 +317,8 @@ class Trainer:
             rows.write_to(self.writer)
         self._last_store = (store_timer.seconds["store"], store_timer.cpu_seconds["store"])
         self.train_seconds += store_timer.seconds["store"]
-        self.pass_costs.append((len(kept), timer.seconds["logprob"] + timer.seconds["update"], timer.total))
+        self.pass_costs = [*self.pass_costs, (len(kept), timer.seconds["logprob"] + timer.seconds["update"],
+                                              timer.total)][-COST_WINDOW:]  # what row_cost='measured' fits
 
         # 10. budget: new state from this step's pruning decisions
         stats = rows.stats
@@ -337,8 +337,7 @@ class Trainer:
         COST_WINDOW steps' phase times (None until the fit exists: the keep ratio alone decides)."""
         if self.config.row_cost != "measured":
             return self.config.row_cost
-        recent = self.pass_costs[-COST_WINDOW:]
-        return fit_row_cost(*zip(*recent)) if recent else None
+        return fit_row_cost(*zip(*self.pass_costs)) if self.pass_costs else None
 
     def score(self, completions: list[str], problems: list[Problem]) -> list[RewardParts]:
         """Step 3: the reward parts of each completion of its problem (format + accuracy, fastrl_core.rewards)."""

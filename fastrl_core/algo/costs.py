@@ -59,7 +59,7 @@ def cost_keep_counts(mass: Tensor, row_cost: float) -> Tensor:
     mass (G, M) >= 0, the rows' |A| mass m_i|A_i| (0 for rows that cannot be kept: padding, A = 0); returns (G,)
     long, how many of the k* = argmax_k S_k / (1 + ρk) heaviest rows lie in each group (ties at the lower flat
     index; the pruner then chooses WHICH rows of a group it keeps)."""
-    if row_cost < 0:
+    if not row_cost >= 0:  # NaN too
         raise ValueError(f"row_cost must be >= 0, got {row_cost}")
     flat = mass.reshape(-1).double()
     order = torch.sort(flat, descending=True, stable=True).indices

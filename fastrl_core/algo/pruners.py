@@ -530,20 +530,21 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
         balance = selection == "dpp"
     advantages = groups.pad(batch.advantages.float(), 0.0)  # (G, M)
     counts = groups.pad(batch.counts.float(), 0.0) if batch.counts is not None else groups.valid.float()
-    candidates = groups.valid & (advantages.abs() > zero_atol)
+    magnitude = advantages.abs()
+    candidates = groups.valid & (magnitude > zero_atol)
     positive = candidates & (advantages > 0)
     n_pos, n_neg = positive.sum(1), (candidates & ~positive).sum(1)
     n_nonzero = n_pos + n_neg
+    floor = torch.minimum(n_nonzero, torch.tensor(min_keep))  # (G,) the group's minimum
     picks = keep_counts(n_nonzero, keep_ratio, min_keep)
     if row_cost is not None:  # what pays for its passes, never below the group's minimum
-        affordable = cost_keep_counts(torch.where(candidates, counts * advantages.abs(), 0.0), row_cost)
-        picks = torch.maximum(torch.minimum(picks, affordable), torch.minimum(n_nonzero, torch.tensor(min_keep)))
+        affordable = cost_keep_counts(torch.where(candidates, counts * magnitude, 0.0), row_cost)
+        picks = torch.maximum(torch.minimum(picks, affordable), floor)
     if balance or reweight or selection != "dpp":  # at least one pick per sign present
         picks = torch.maximum(picks, (n_pos > 0).long() + (n_neg > 0).long())
     half = picks // 2 if balance else torch.zeros_like(picks)
     cap_pos = torch.minimum(n_pos, picks - torch.minimum(n_neg, half))
     cap_neg = torch.minimum(n_neg, picks - torch.minimum(n_pos, half))
-    magnitude = advantages.abs()
     if selection == "matching":
         return _fastrl_matching(batch, groups, advantages, counts, candidates, picks, redundant_below)
     if selection == "coreset":
@@ -552,8 +553,8 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     relative = magnitude / magnitude.amax(1, keepdim=True).clamp(min=1e-30)
     log_quality = torch.where(candidates, 2 * alpha * torch.log(relative.clamp(min=1e-30)), -math.inf)
     selected, pick_order, pick_gain, residual = greedy_dpp(
-        cosine_kernel(batch.sketches, groups), log_quality, candidates, positive, picks, cap_pos, cap_neg,
-        torch.minimum(n_nonzero, torch.tensor(min_keep)), min_gain)
+        cosine_kernel(batch.sketches, groups), log_quality, candidates, positive, picks, cap_pos, cap_neg, floor,
+        min_gain)
     final_gain = torch.where(candidates, log_quality + torch.log(residual.clamp(min=1e-30)), -math.inf)
     scores = torch.where(selected, pick_gain, final_gain).exp()
     reasons = torch.where(residual < redundant_below, int(Reason.REDUNDANT), int(Reason.LOW_ADVANTAGE))

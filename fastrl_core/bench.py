@@ -60,6 +60,10 @@ METHODS: dict[str, list[str]] = {
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
     "fastrl_prune_only": ["pruner=fastrl", "budget=fixed"],  # the pruner alone, n rollouts for every prompt
     "fastrl_lossless": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0"],  # nothing pruned beyond A = 0
+    # as_sampled: pruned rows stay in each mini-batch's loss normaliser (an update loses exactly their terms)
+    "fastrl_as_sampled": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
+                          "minibatch_mode=as_sampled"],
+    "fastrl_lossless_as_sampled": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "minibatch_mode=as_sampled"],
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],
     "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],

@@ -84,7 +84,8 @@ class TrainConfig:
     minibatch_mode: str = option("equal_updates", "how pruning sizes mini-batches: 'equal_updates' (always "
                                  "updates_per_step mini-batches, smaller when pruned: the authors' script) or "
                                  "'fixed_size' (mini-batch = prompts_per_step*rollouts_per_prompt/updates_per_step "
-                                 "rows, so a pruned step makes fewer updates)")
+                                 "rows, so a pruned step makes fewer updates) or 'as_sampled' (the unpruned step's "
+                                 "mini-batches less the pruned rows, which stay in the loss normaliser)")
     recompute_old_logprobs: bool | None = option(None, "recompute old log-probs with the training model on kept "
                                                  "rollouts; null/auto (default) = yes exactly when the rollout "
                                                  "engine's numerics differ from the trainer's (vllm), no for hf")

@@ -47,7 +47,7 @@ from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
-from fastrl_core.algo.minibatches import minibatch_indices
+from fastrl_core.algo.minibatches import minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
 from fastrl_core.algo.sketches import make_projection, token_sketch
@@ -269,14 +269,23 @@ class Trainer:
         with timer.phase("update"):
             for group in self.optimizer.param_groups:
                 group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
-            minibatches = minibatch_indices(
-                len(kept), updates=config.updates_per_step, mode=config.minibatch_mode,
+            distinct = (torch.arange(len(group_ids)) if duplicates is None
+                        else duplicates.unique)  # (D,) ascending; holds every kept row
+            minibatches = minibatch_plan(
+                decision.keep_mask[distinct], updates=config.updates_per_step, mode=config.minibatch_mode,
                 full_rows=config.prompts_per_step * config.rollouts_per_prompt,
                 generator=torch.Generator().manual_seed(seed + 2))
             if minibatches:
                 model.train()
             per_update = []
-            for batch_rows in minibatches:  # index into `kept`; each update's loss is normalised over its own rows
+            for batch in minibatches:  # batch.kept indexes `kept`; batch.absent `distinct` (pruned, as_sampled)
+                batch_rows, absent = batch.kept, distinct[batch.absent]
+                self.optimizer.zero_grad(set_to_none=True)
+                if len(batch_rows) == 0:  # every row of this as_sampled mini-batch pruned: a step with no terms
+                    for parameter in model.parameters():
+                        parameter.grad = torch.zeros_like(parameter)
+                    self.optimizer.step()
+                    continue
                 index = kept[batch_rows]
                 logprobs = self.engine.token_logprobs(model, problems, rollouts, index)
                 on = logprobs.device  # the loss runs where the model is
@@ -285,15 +294,17 @@ class Trainer:
                                   ref_logprobs=None if ref_logprobs is None else ref_logprobs[batch_rows].to(on),
                                   rollout_weights=decision.weights[index].to(on),
                                   rollout_counts=None if kept_multiplicity is None
-                                  else kept_multiplicity[batch_rows].to(on), **self.loss_args)
-                self.optimizer.zero_grad(set_to_none=True)
+                                  else kept_multiplicity[batch_rows].to(on),
+                                  absent_mask=rollouts.completion_mask[absent].to(on) if len(absent) else None,
+                                  absent_counts=None if duplicates is None or not len(absent)
+                                  else duplicates.multiplicity[absent].float().to(on), **self.loss_args)
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 self.optimizer.step()
                 per_update.append({"loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}})
-            if per_update:  # unweighted mean over the step's mini-batches
+            if per_update:  # unweighted mean over the step's mini-batches that had kept rows
                 metrics = {k: sum(u[k] for u in per_update) / len(per_update) for k in per_update[0]}
-                metrics["updates"] = len(per_update)
+            metrics["updates"] = len(minibatches)  # optimiser steps taken
             self.engine.sync_weights(model)
 
         # 9. record

@@ -85,3 +85,50 @@ def test_bad_arguments_raise_naming_them():
         _split(4, 0, "equal_updates")
     with pytest.raises(ValueError, match="full_rows"):
         _split(4, 2, "fixed_size", full_rows=0)
+
+
+# ---- as_sampled: the unpruned step's mini-batches, pruned rows absent ---------------------------------------------
+
+from fastrl_core.algo.minibatches import minibatch_plan  # noqa: E402
+
+
+def _plan(keep, updates=4, mode="as_sampled", seed=0):
+    return minibatch_plan(torch.tensor(keep, dtype=torch.bool), updates=updates, mode=mode, full_rows=128,
+                          generator=torch.Generator().manual_seed(seed))
+
+
+def test_as_sampled_with_nothing_pruned_is_equal_updates_draw_for_draw():
+    for rows in (1, 7, 40, 128):
+        plan = _plan([True] * rows)
+        same = _split(rows, 4, "equal_updates")
+        assert len(plan) == len(same)
+        for batch, chunk in zip(plan, same):
+            assert torch.equal(batch.kept, chunk) and batch.absent.numel() == 0
+
+
+def test_as_sampled_keeps_the_unpruned_chunks_and_lists_pruned_rows_as_absent():
+    keep = [True, False, True, True, False, False, True, True, False, True]
+    plan = _plan(keep, updates=3, seed=2)
+    chunks = minibatch_indices(10, updates=3, mode="equal_updates", full_rows=128,
+                               generator=torch.Generator().manual_seed(2))
+    kept_rows = [i for i, k in enumerate(keep) if k]  # position among kept rows -> distinct row
+    assert len(plan) == 3
+    for batch, chunk in zip(plan, chunks):
+        rows = sorted([kept_rows[p] for p in batch.kept.tolist()] + batch.absent.tolist())
+        assert rows == chunk.tolist()  # kept + absent = the unpruned chunk
+        assert all(keep[r] for r in (kept_rows[p] for p in batch.kept.tolist()))
+        assert not any(keep[r] for r in batch.absent.tolist())
+
+
+def test_as_sampled_can_give_an_update_with_no_kept_row():
+    plan = _plan([False] * 8, updates=4)
+    assert len(plan) == 4 and all(b.kept.numel() == 0 and b.absent.numel() == 2 for b in plan)
+
+
+@pytest.mark.parametrize("mode", ["equal_updates", "fixed_size"])
+def test_other_modes_plan_only_kept_rows(mode):
+    keep = [True, False] * 20
+    plan = _plan(keep, mode=mode, seed=1)
+    same = minibatch_indices(20, updates=4, mode=mode, full_rows=128, generator=torch.Generator().manual_seed(1))
+    assert [b.kept.tolist() for b in plan] == [c.tolist() for c in same]
+    assert all(b.absent.numel() == 0 for b in plan)

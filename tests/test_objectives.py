@@ -457,3 +457,60 @@ def test_rollout_counts_by_hand_and_errors():
         policy_loss("grpo", *batch, rollout_counts=torch.ones(3))
     with pytest.raises(ValueError, match=r"rollout_counts must be finite and > 0; rows \[1\]"):
         policy_loss("grpo", *batch, rollout_counts=torch.tensor([1.0, 0.0]))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+@pytest.mark.parametrize("aggregation", [None, *MODES])
+@pytest.mark.parametrize("name", LOSSES)
+def test_absent_rows_count_as_rows_of_weight_zero(name, aggregation, beta):
+    """Pruned rows passed as absent_mask / absent_counts give the loss and gradient of the whole batch with those
+    rows present at weight 0 (multiplicities and pruner weights on), and the present rows' metrics."""
+    params, logprobs_of, old_p, ref_p, tokens, mask, group_ids, advantages, weights = _tiny_policy_batch(1)
+    counts = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0, 1.0, 1.0], dtype=F64)
+    present, absent = torch.tensor([0, 2, 3, 7, 9]), torch.tensor([1, 4, 5, 6, 8])
+    hp = dict(beta=beta, epsilon=0.2, epsilon_high=0.2)
+    hp |= dict(max_length=7) if aggregation is None else dict(aggregation=aggregation)
+    everything = torch.arange(10)
+    with torch.no_grad():
+        old, ref = logprobs_of(old_p, everything), logprobs_of(ref_p, everything)
+    zeroed = weights.clone()
+    zeroed[absent] = 0.0
+    full = policy_loss(name, logprobs_of(params, everything), old, advantages, mask, ref_logprobs=ref,
+                       rollout_weights=zeroed, rollout_counts=counts, **hp)
+    pruned = policy_loss(name, logprobs_of(params, present), old[present], advantages[present], mask[present],
+                         ref_logprobs=ref[present], rollout_weights=weights[present], rollout_counts=counts[present],
+                         absent_mask=mask[absent], absent_counts=counts[absent], **hp)
+    alone = policy_loss(name, logprobs_of(params, present), old[present], advantages[present], mask[present],
+                        ref_logprobs=ref[present], rollout_weights=weights[present], rollout_counts=counts[present],
+                        **hp)
+    torch.testing.assert_close(pruned.loss, full.loss, rtol=1e-12, atol=1e-14)
+    for a, b in zip(torch.autograd.grad(pruned.loss, list(params.values())),
+                    torch.autograd.grad(full.loss, list(params.values()))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+    assert pruned.metrics == alone.metrics
+    assert abs(pruned.loss.item()) < abs(alone.loss.item()), "absent rows must shrink the loss"
+
+
+def test_absent_rows_by_hand_and_errors():
+    logprobs, old, advantages, mask = _hand_batch()
+    alone = policy_loss("grpo", logprobs, old, advantages, mask).loss
+    two_absent = torch.tensor([[1, 0, 0], [1, 1, 1]])  # 1 + 3 tokens, 2 rows
+    for aggregation, share in (("seq_mean_token_mean", 2 / 4), ("token_mean", 5 / 9),
+                               ("seq_mean_token_sum_norm", 2 / 4)):
+        base = policy_loss("grpo", logprobs, old, advantages, mask, aggregation=aggregation).loss
+        out = policy_loss("grpo", logprobs, old, advantages, mask, aggregation=aggregation, absent_mask=two_absent)
+        assert float(out.loss) == pytest.approx(float(base) * share, rel=1e-12)
+    counted = policy_loss("grpo", logprobs, old, advantages, mask, absent_mask=two_absent[:1],
+                          absent_counts=torch.tensor([2.0])).loss
+    assert float(counted) == pytest.approx(float(alone) * 2 / 4, rel=1e-12)  # one absent row standing for two
+    empty = policy_loss("grpo", logprobs, old, advantages, mask, absent_mask=torch.zeros(0, 3, dtype=torch.bool))
+    assert float(empty.loss) == float(alone)
+    with pytest.raises(ValueError, match="absent_mask must be"):
+        policy_loss("grpo", logprobs, old, advantages, mask, absent_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="absent_counts must have shape"):
+        policy_loss("grpo", logprobs, old, advantages, mask, absent_mask=two_absent, absent_counts=torch.ones(3))
+    with pytest.raises(ValueError, match="absent_counts must be finite"):
+        policy_loss("grpo", logprobs, old, advantages, mask, absent_mask=two_absent,
+                    absent_counts=torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="absent_counts given without absent_mask"):
+        policy_loss("grpo", logprobs, old, advantages, mask, absent_counts=torch.ones(2))

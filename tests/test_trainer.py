@@ -221,6 +221,37 @@ def test_several_updates_per_step_follow_the_minibatch_mode(tmp_path, monkeypatc
     assert sum(len(old) for _, old in calls) == row["rollouts_kept"]  # every kept rollout in one mini-batch
 
 
+def test_as_sampled_with_nothing_pruned_is_equal_updates_bit_for_bit(tmp_path):
+    runs = {}
+    for mode in ("equal_updates", "as_sampled"):
+        trainer = Trainer(_config(tmp_path / mode, steps=2, updates_per_step=4, minibatch_mode=mode, pruner="none",
+                                  budget="fixed", **{"objective_args.beta": 0.01}), progress=False)
+        trainer.run()
+        runs[mode] = _params(trainer.policy.model)
+    for name, value in runs["equal_updates"].items():
+        assert torch.equal(value, runs["as_sampled"][name]), name
+
+
+def test_as_sampled_pruning_zero_variance_groups_at_beta_0_trains_the_unpruned_model(tmp_path):
+    """At beta = 0 a zero-variance group carries no gradient, so with as_sampled (pruned rows stay in each loss's
+    normaliser) dropping those groups trains the same model as keeping them; equal_updates (normaliser over
+    the kept rows) does not."""
+    def train(pruner, mode):
+        trainer = Trainer(_config(tmp_path / f"{pruner}-{mode}", steps=3, updates_per_step=4, minibatch_mode=mode,
+                                  pruner=pruner, budget="fixed", **{"objective_args.beta": 0.0}), progress=False)
+        run_id = trainer.run()
+        return _params(trainer.policy.model), read_steps(trainer.config.store_dir, run_id)
+
+    reference, steps = train("none", "equal_updates")
+    pruned, pruned_steps = train("dapo_filter", "as_sampled")
+    kept_only, _ = train("dapo_filter", "equal_updates")
+    assert (pruned_steps["rollouts_kept"] < steps["rollouts_kept"]).any(), "no group was pruned: the test is void"
+    assert pruned_steps["updates"].tolist() == steps["updates"].tolist() == [4, 4, 4]
+    moved = max(float((reference[n] - kept_only[n]).abs().max()) for n in reference)
+    same = max(float((reference[n] - pruned[n]).abs().max()) for n in reference)
+    assert same < 1e-5 and moved > 20 * same, (same, moved)
+
+
 def test_resume_with_minibatches_continues_exactly(tmp_path):
     config = dict(steps=3, updates_per_step=4, **{"objective_args.beta": 0.01})
     straight = Trainer(_config(tmp_path / "a", **config), progress=False)

@@ -24,6 +24,11 @@ Two per-rollout factors, both (B,):
   of every normaliser count m_i times, so the loss, its gradient and the metrics equal those of the batch with row
   i repeated m_i times (token-mean divides by Σ_i m_i·n_i, seq-mean by Σ_i m_i, Dr.GRPO by Σ_i m_i · max_length).
 
+`policy_loss` also takes the rows of the mini-batch that were pruned, by their response masks and multiplicities
+(`absent_mask`, `absent_counts`): they add their share to the normaliser and nothing to the values, so the loss and
+its gradient equal those of the batch with them present at weight 0, and need no log-probs
+(`minibatch_mode=as_sampled`, `algo.minibatches`).
+
 Names follow TRL's GRPOTrainer (`epsilon`, `epsilon_high`, `beta`, `max_completion_length` -> `max_length`);
 aggregation names spell out what they compute instead of TRL's loss_type names (grpo / dapo / dr_grpo).
 """
@@ -92,6 +97,26 @@ def _seq_mean_token_sum_norm(masked: Tensor, mask: Tensor, max_length: int, coun
     if counts is None:
         return masked.sum() / (masked.shape[0] * max_length)
     return (counts * masked.sum(-1)).sum() / (counts.sum() * max_length)
+
+
+# What one response (B, T) -> (B,) adds to each aggregation's normaliser; the reduce functions above divide by
+# Σ_i m_i · units_i. `normaliser` reads it for rows that are not in the batch (pruned rows of a mini-batch).
+NORMALISER_UNITS: dict[str, Callable[[Tensor, int], Tensor]] = {
+    "seq_mean_token_mean": lambda mask, max_length: torch.ones(mask.shape[0], dtype=torch.float64),
+    "token_mean": lambda mask, max_length: mask.sum(-1).double(),
+    "seq_mean_token_sum_norm": lambda mask, max_length: torch.full((mask.shape[0],), float(max_length),
+                                                                   dtype=torch.float64),
+}
+
+
+def normaliser(mode: str, response_mask: Tensor, *, max_length: int, rollout_counts: Tensor | None = None) -> float:
+    """Σ_i m_i · units_i: the share rows with these response masks (B, T) and multiplicities (B,) take in the
+    normaliser of aggregation `mode` (rows for seq-mean, response tokens for token-mean, rows x max_length for
+    Dr.GRPO); 0.0 for no rows."""
+    AGGREGATIONS.get(mode)  # an unknown name raises, naming the choices
+    units = NORMALISER_UNITS[mode](response_mask.bool(), max_length)
+    counts = torch.ones_like(units) if rollout_counts is None else rollout_counts.double()
+    return float((counts * units).sum())
 
 
 def aggregate(
@@ -329,6 +354,8 @@ def policy_loss(
     ref_logprobs: Tensor | None = None,
     rollout_weights: Tensor | None = None,
     rollout_counts: Tensor | None = None,
+    absent_mask: Tensor | None = None,
+    absent_counts: Tensor | None = None,
     **hyperparams,
 ) -> LossOutput:
     """Loss `name` (see `POLICY_LOSSES`) on log-probs (B, T), advantages (B,), response_mask (B, T).
@@ -336,8 +363,11 @@ def policy_loss(
     rollout_weights (B,): per-rollout weights (e.g. importance weights after pruning) multiplying each rollout's
     contribution with the normaliser unchanged; None == all ones. rollout_counts (B,) > 0: multiplicities (row i
     stands for m_i identical rollouts, `algo.duplicates`), counted in values, normalisers and metrics, so the loss
-    and its gradient equal the unmerged batch's; None == all ones. hyperparams: that loss's keyword arguments
-    (`hyperparameters(name)` lists them with defaults); an unknown one raises TypeError naming the valid ones.
+    and its gradient equal the unmerged batch's; None == all ones. absent_mask (A, T) and absent_counts (A,) > 0
+    (None == ones): rows of this mini-batch that were pruned; they count in the normaliser as rows of weight 0
+    would (the loss is scaled by present / (present + absent) normaliser), and the metrics stay over the present
+    rows. hyperparams: that loss's keyword arguments (`hyperparameters(name)` lists them with defaults); an
+    unknown one raises TypeError naming the valid ones.
     """
     loss_fn = POLICY_LOSSES.get(name)
     valid = hyperparameters(name)
@@ -346,13 +376,39 @@ def policy_loss(
         raise TypeError(f"policy loss {name!r} got unknown hyperparameter(s) {unknown}; valid: {sorted(valid)}")
     mask = _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights,
                          rollout_counts)
-    return loss_fn(
+    out = loss_fn(
         logprobs, old_logprobs.detach(), advantages.detach().to(logprobs.dtype), mask,
         ref_logprobs=None if ref_logprobs is None else ref_logprobs.detach(),
         rollout_weights=None if rollout_weights is None else rollout_weights.detach(),
         rollout_counts=None if rollout_counts is None else rollout_counts.detach(),
         **hyperparams,
     )
+    if absent_mask is None or absent_mask.shape[0] == 0:
+        if absent_counts is not None and absent_counts.numel():
+            raise ValueError("absent_counts given without absent_mask")
+        return out
+    absent = _check_absent(absent_mask, absent_counts, logprobs.shape[1])
+    aggregation = hyperparams.get("aggregation", valid["aggregation"])
+    max_length = hyperparams.get("max_length", valid["max_length"]) or max(logprobs.shape[-1], 1)
+    present = normaliser(aggregation, mask, max_length=max_length, rollout_counts=rollout_counts)
+    missing = normaliser(aggregation, absent, max_length=max_length, rollout_counts=absent_counts)
+    share = present / (present + missing) if present + missing > 0 else 1.0
+    return LossOutput(loss=out.loss * share, metrics=out.metrics)
+
+
+def _check_absent(absent_mask: Tensor, absent_counts: Tensor | None, length: int) -> Tensor:
+    """Raise a ValueError naming the argument whose shape or values are wrong; return the absent mask as bool."""
+    if absent_mask.dim() != 2 or absent_mask.shape[1] != length:
+        raise ValueError(f"absent_mask must be (A, {length}) like the response mask, got {tuple(absent_mask.shape)}")
+    if absent_counts is not None:
+        if tuple(absent_counts.shape) != (absent_mask.shape[0],):
+            raise ValueError(f"absent_counts must have shape ({absent_mask.shape[0]},), got "
+                             f"{tuple(absent_counts.shape)}")
+        if not bool((torch.isfinite(absent_counts) & (absent_counts > 0)).all()):
+            raise ValueError("absent_counts must be finite and > 0")
+    if absent_mask.dtype != torch.bool and not bool(((absent_mask == 0) | (absent_mask == 1)).all()):
+        raise ValueError("absent_mask must be bool or hold only 0 and 1")
+    return absent_mask.bool()
 
 
 # --- Reward shaping ------------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="[CONFIG.yaml] key=value ... (see --list-keys)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID exactly from its last checkpoint")
     p.add_argument("--method", metavar="NAME", help="a bench method's settings (grpo, fastrl, cppo, ...: "
-                   "`fastrl bench`'s METHODS) under the overrides given; put it before CONFIG.yaml")
+                   "`fastrl bench`'s METHODS) under the overrides given")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.set_defaults(func=_train)
 
@@ -204,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in PASSTHROUGH:
             return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)  # train's overrides may follow its options (--method ...)
+        if extra and (args.command != "train" or any(arg.startswith("-") for arg in extra)):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if extra:
+            args.overrides = [*args.overrides, *extra]
         return args.func(args)
     except Exception as error:
         if debug or not isinstance(error, _user_errors()):

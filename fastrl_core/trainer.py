@@ -47,7 +47,7 @@ from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
-from fastrl_core.algo.minibatches import minibatch_plan
+from fastrl_core.algo.minibatches import OVER_SAMPLED_ROWS, minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
 from fastrl_core.algo.sketches import make_projection, token_sketch
@@ -251,6 +251,7 @@ class Trainer:
             decision = prune_distinct(config.pruner, GroupBatch(group_ids, rewards, advantages, sketches, token_ids),
                                       duplicates, keep_ratio=config.keep_ratio, min_keep=config.min_keep,
                                       generator=torch.Generator().manual_seed(seed + 1), row_cost=row_cost,
+                                      kept_normaliser=config.minibatch_mode not in OVER_SAMPLED_ROWS,
                                       **config.pruner_args)
             kept = decision.keep_mask.nonzero().squeeze(1)
             kept_multiplicity = None if duplicates is None else duplicates.multiplicity[kept].float()  # (K,) or None

@@ -46,6 +46,16 @@ def test_train_method_applies_the_bench_definition_under_the_overrides_given(tmp
     assert "row_cost=measured" in METHODS["fastrl"] and config["row_cost"] == "measured"
     assert config["keep_ratio"] == 0.9  # the command line's override wins over the method's keep_ratio=1.0
     capsys.readouterr()
+    after = tmp_path / "after"  # the option may also come after CONFIG.yaml and between overrides
+    assert main(["train", str(REPO / "configs" / "embedded.yaml"), *tiny[:-1], "--method", "grpo",
+                 f"store_dir={after}"]) == 0
+    config = store.read_runs(after)["config"].iloc[0]
+    config = config if isinstance(config, dict) else __import__("json").loads(config)
+    assert config["pruner"] == "none" and config["budget"] == "fixed"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["train", str(REPO / "configs" / "embedded.yaml"), "--bogus", "1"])
+    assert "unrecognized arguments: --bogus 1" in capsys.readouterr().err
     assert main(["train", "--method", "nope", *tiny]) == 2
     assert "--method 'nope' is unknown; valid: grpo," in capsys.readouterr().err
 

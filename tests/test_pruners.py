@@ -566,3 +566,24 @@ def test_bad_input_names_the_problem():
 
 def test_registry_lists_every_pruner():
     assert PRUNERS.names() == sorted(NAMES + ["advantage_only", "fastrl_paper", "random"])  # test_baseline_pruners
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=batches(), keep_ratio=st.floats(0.05, 1.0), min_keep=st.integers(1, 4),
+       selection=st.sampled_from(["coreset", "matching"]))
+def test_fastrl_weights_drop_the_kept_share_when_pruned_rows_stay_in_the_normaliser(batch, keep_ratio, min_keep,
+                                                                                     selection):
+    """kept_normaliser=False (minibatch_mode=as_sampled): the same decisions, weights without the K / N factor.
+    Other pruners' weights do not depend on it."""
+    kept = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, selection=selection,
+                 generator=torch.Generator().manual_seed(0))
+    sampled = prune("fastrl", batch, keep_ratio=keep_ratio, min_keep=min_keep, selection=selection,
+                    generator=torch.Generator().manual_seed(0), kept_normaliser=False)
+    assert torch.equal(kept.keep_mask, sampled.keep_mask) and torch.equal(kept.reasons, sampled.reasons)
+    share = float(kept.keep_mask.sum()) / kept.keep_mask.numel()
+    torch.testing.assert_close(kept.weights, sampled.weights * share, rtol=1e-5, atol=1e-7)
+    for name in ("cppo", "random", "dapo_filter"):
+        a = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(0))
+        b = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(0),
+                  kept_normaliser=False)
+        assert torch.equal(a.keep_mask, b.keep_mask) and torch.equal(a.weights, b.weights)

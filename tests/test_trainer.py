@@ -233,23 +233,25 @@ def test_as_sampled_with_nothing_pruned_is_equal_updates_bit_for_bit(tmp_path):
 
 
 def test_as_sampled_pruning_zero_variance_groups_at_beta_0_trains_the_unpruned_model(tmp_path):
-    """At beta = 0 a zero-variance group carries no gradient, so with as_sampled (pruned rows stay in each loss's
-    normaliser) dropping those groups trains the same model as keeping them; equal_updates (normaliser over
-    the kept rows) does not."""
+    """At beta = 0 an A = 0 row carries no gradient, so with as_sampled (pruned rows stay in each loss's
+    normaliser) dropping zero-variance groups (dapo_filter) or every A = 0 row (fastrl at keep 1.0) trains the
+    same model as keeping them; equal_updates (normaliser over the kept rows) does not."""
     def train(pruner, mode):
+        options = {"pruner": "fastrl", "keep_ratio": 1.0} if pruner == "fastrl_lossless" else {"pruner": pruner}
         trainer = Trainer(_config(tmp_path / f"{pruner}-{mode}", steps=3, updates_per_step=4, minibatch_mode=mode,
-                                  pruner=pruner, budget="fixed", **{"objective_args.beta": 0.0}), progress=False)
+                                  budget="fixed", **options, **{"objective_args.beta": 0.0}), progress=False)
         run_id = trainer.run()
         return _params(trainer.policy.model), read_steps(trainer.config.store_dir, run_id)
 
     reference, steps = train("none", "equal_updates")
-    pruned, pruned_steps = train("dapo_filter", "as_sampled")
     kept_only, _ = train("dapo_filter", "equal_updates")
-    assert (pruned_steps["rollouts_kept"] < steps["rollouts_kept"]).any(), "no group was pruned: the test is void"
-    assert pruned_steps["updates"].tolist() == steps["updates"].tolist() == [4, 4, 4]
-    moved = max(float((reference[n] - kept_only[n]).abs().max()) for n in reference)
-    same = max(float((reference[n] - pruned[n]).abs().max()) for n in reference)
-    assert same < 1e-5 and moved > 20 * same, (same, moved)
+    for pruner in ("dapo_filter", "fastrl_lossless"):  # fastrl at keep 1.0: its K / N weight scale dropped, too
+        pruned, pruned_steps = train(pruner, "as_sampled")
+        assert (pruned_steps["rollouts_kept"] < steps["rollouts_kept"]).any(), "nothing was pruned: the test is void"
+        assert pruned_steps["updates"].tolist() == steps["updates"].tolist() == [4, 4, 4]
+        moved = max(float((reference[n] - kept_only[n]).abs().max()) for n in reference)
+        same = max(float((reference[n] - pruned[n]).abs().max()) for n in reference)
+        assert same < 1e-5 and moved > 20 * same, (pruner, same, moved)
 
 
 def test_resume_with_minibatches_continues_exactly(tmp_path):

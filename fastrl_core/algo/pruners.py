@@ -152,6 +152,8 @@ PRUNERS: Registry[Pruner] = Registry("pruner")
 SKETCH_PRUNERS: set[str] = {"fastrl"}
 TOKEN_PRUNERS: set[str] = {"fastrl_official", "fastrl_paper"}  # read GroupBatch.token_ids
 COST_PRUNERS: set[str] = {"fastrl"}  # take `row_cost`, the keep count from pass costs (algo.costs)
+# scale their loss weights by K / N for a loss normalised over the kept rows (`kept_normaliser`, `prune`)
+WHOLE_BATCH_PRUNERS: set[str] = {"fastrl"}
 
 
 @PRUNERS.register("none")
@@ -378,7 +380,8 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
            generator: torch.Generator | None, selection: str = "coreset", similarity: str = "euclidean",
            mass: str = "nearest", alpha: float = 1.0, min_gain: float | None = None, reweight: bool = False,
            sampled_fraction: float = 0.5, zero_atol: float = 1e-6, redundant_below: float = 0.5,
-           balance: bool | None = None, mass_balance: bool = True, row_cost: float | None = None) -> PruneResult:
+           balance: bool | None = None, mass_balance: bool = True, row_cost: float | None = None,
+           kept_normaliser: bool = True) -> PruneResult:
     """FastRL pruning: drop what carries no gradient, then keep, per sign, the rollouts that best stand for the
     others, weighted by the |A| mass they stand for (`selection='coreset'`, default); or the older sign-balanced
     quality-diverse DPP (`selection='dpp'`, steps 2-6 below).
@@ -546,10 +549,11 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     cap_pos = torch.minimum(n_pos, picks - torch.minimum(n_neg, half))
     cap_neg = torch.minimum(n_neg, picks - torch.minimum(n_pos, half))
     if selection == "matching":
-        return _fastrl_matching(batch, groups, advantages, counts, candidates, picks, redundant_below)
+        return _fastrl_matching(batch, groups, advantages, counts, candidates, picks, redundant_below,
+                                kept_normaliser)
     if selection == "coreset":
         return _fastrl_coreset(batch, groups, advantages, counts, candidates, positive, picks, cap_pos, cap_neg,
-                               similarity, mass, redundant_below)
+                               similarity, mass, redundant_below, kept_normaliser)
     relative = magnitude / magnitude.amax(1, keepdim=True).clamp(min=1e-30)
     log_quality = torch.where(candidates, 2 * alpha * torch.log(relative.clamp(min=1e-30)), -math.inf)
     selected, pick_order, pick_gain, residual = greedy_dpp(
@@ -585,14 +589,17 @@ def _padded_sketches(batch: GroupBatch, groups: Groups) -> Tensor:
     return sketches.float()[groups.index]
 
 
-def _kept_share(counts: Tensor, keep: Tensor, groups: Groups) -> float:
+def _kept_share(counts: Tensor, keep: Tensor, groups: Groups, kept_normaliser: bool = True) -> float:
     """K / N: kept copies over all copies of the batch (zero-advantage rollouts included), the scale that makes
-    the kept loss, which the trainer divides by K, estimate the whole batch's loss divided by N."""
+    the kept loss, when the trainer divides it by K, estimate the whole batch's loss divided by N; 1.0 when the
+    loss keeps the pruned rows in its normaliser (kept_normaliser=False, `minibatch_mode=as_sampled`)."""
+    if not kept_normaliser:
+        return 1.0
     return float((counts * keep).sum()) / float(counts[groups.valid].sum())
 
 
 def _fastrl_matching(batch: GroupBatch, groups: Groups, advantages: Tensor, counts: Tensor, candidates: Tensor,
-                     picks: Tensor, redundant_below: float) -> PruneResult:
+                     picks: Tensor, redundant_below: float, kept_normaliser: bool = True) -> PruneResult:
     """`fastrl` with selection='matching': per group, the `picks` rows whose weighted sum best matches the group's
     whole update in sketch space (`algo.matching`, GradMatch by OMP), weighted by bounded least squares.
 
@@ -625,7 +632,7 @@ def _fastrl_matching(batch: GroupBatch, groups: Groups, advantages: Tensor, coun
     keep = torch.where(unmatched, selected, fitted)
     coefficients = torch.where(unmatched, counts.double(), coefficients)
     weights = torch.where(keep, coefficients / counts.double().clamp(min=1e-30), 0.0)
-    weights = (weights * _kept_share(counts, keep, groups)).float()
+    weights = (weights * _kept_share(counts, keep, groups, kept_normaliser)).float()
     energy = (multiplicity * target_dot).sum(1, keepdim=True)  # ||t||²
     gain = torch.where(selected, pick_gain, final_gain)
     scores = torch.where(candidates, gain / energy.clamp(min=1e-300), 0.0).clamp(0.0, 1.0).float()
@@ -637,7 +644,7 @@ def _fastrl_matching(batch: GroupBatch, groups: Groups, advantages: Tensor, coun
 
 def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, counts: Tensor, candidates: Tensor,
                     positive: Tensor, picks: Tensor, cap_pos: Tensor, cap_neg: Tensor, similarity: str,
-                    mass: str, redundant_below: float) -> PruneResult:
+                    mass: str, redundant_below: float, kept_normaliser: bool = True) -> PruneResult:
     """`fastrl` with selection='coreset': per sign, a facility-location coreset (`algo.coreset`) of the group.
 
     Elements are the candidates (A ≠ 0) of each sign; element weights ω and similarities by `similarity`:
@@ -689,7 +696,7 @@ def _fastrl_coreset(batch: GroupBatch, groups: Groups, advantages: Tensor, count
                 carried = torch.where(stratum & selected, counts * weights * magnitude, 0.0).sum(1, keepdim=True)
                 ratio = torch.where(carried > 0, whole / carried.clamp(min=1e-30), 0.0)
                 weights = torch.where(stratum & selected, weights * ratio, weights)
-        weights = weights * _kept_share(counts, selected, groups)
+        weights = weights * _kept_share(counts, selected, groups, kept_normaliser)
     self_similarity = kernel.diagonal(dim1=1, dim2=2)  # (G, M)
     total = torch.zeros_like(magnitude)
     for stratum in (positive, candidates & ~positive):
@@ -783,9 +790,13 @@ def _check_batch(batch: GroupBatch) -> int:
 
 
 def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: int = 2,
-          generator: torch.Generator | None = None, row_cost: float | None = None, **options) -> PruneResult:
+          generator: torch.Generator | None = None, row_cost: float | None = None, kept_normaliser: bool = True,
+          **options) -> PruneResult:
     """Run pruner `name` (see `PRUNERS`) on `batch`; `options` are that pruner's own keyword arguments.
     `row_cost` (ρ >= 0, `algo.costs`) is passed on only when given, and only pruners in COST_PRUNERS take it.
+    `kept_normaliser`: whether the loss will divide by the kept rows only (True: `minibatch_mode` equal_updates /
+    fixed_size, TRL) or keep the pruned rows in its normaliser (False: as_sampled); WHOLE_BATCH_PRUNERS, whose
+    weights estimate the whole batch's update, scale them by K / N only in the first case.
     Decisions are computed and returned on the CPU (a CPU mask can index tensors on any device)."""
     pruner = PRUNERS.get(name)
     if not 0 < keep_ratio <= 1:
@@ -798,6 +809,8 @@ def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: in
         if not row_cost >= 0:
             raise ValueError(f"row_cost must be >= 0, got {row_cost}")
         options["row_cost"] = float(row_cost)
+    if not kept_normaliser and name in WHOLE_BATCH_PRUNERS:
+        options["kept_normaliser"] = False
     n = _check_batch(batch)
     if n == 0:
         empty = torch.zeros(0)

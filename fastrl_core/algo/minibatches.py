@@ -29,7 +29,9 @@ rows, which scales a pruned step's gradient by sampled / kept.
 Measured (`fastrl bench --config configs/paper.yaml --methods grpo,fastrl_fixed_minibatch`, 3 seeds,
 docs/bench/paper-fixed-minibatch): FastRL with `fixed_size` makes ~1 update a step and is 1.72x faster per step than
 GRPO, but ends 4.6 +- 3.0 pts below it and never reaches its target accuracy; with `equal_updates` it is 1.39x and
-within noise of GRPO. So `equal_updates` is the default.
+within noise of GRPO. So `equal_updates` is the default. `as_sampled` (docs/bench/paper-as-sampled, 5 seeds,
+mean@4) changed nothing measurable against `equal_updates`: −0.08 +- 0.96 pts for FastRL at keep 1.0, −0.34 +- 1.25
+with the cost rule, which also dipped late on greedy accuracy in 2 of 5 seeds.
 
 In the trainer (step 8) each mini-batch's loss is normalised over its own rows (as verl; as_sampled: over its
 sampled rows), and everything per

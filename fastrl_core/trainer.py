@@ -282,9 +282,10 @@ class Trainer:
             for batch in minibatches:  # batch.kept indexes `kept`; batch.absent `distinct` (pruned, as_sampled)
                 batch_rows, absent = batch.kept, distinct[batch.absent]
                 self.optimizer.zero_grad(set_to_none=True)
-                if len(batch_rows) == 0:  # every row of this as_sampled mini-batch pruned: a step with no terms
-                    for parameter in model.parameters():
-                        parameter.grad = torch.zeros_like(parameter)
+                if len(batch_rows) == 0:  # every row of this as_sampled mini-batch pruned: a step with no terms,
+                    for group in self.optimizer.param_groups:  # as GRPO's would be (AdamW's moments still move it)
+                        for parameter in group["params"]:
+                            parameter.grad = torch.zeros_like(parameter)
                     self.optimizer.step()
                     continue
                 index = kept[batch_rows]

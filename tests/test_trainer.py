@@ -254,6 +254,31 @@ def test_as_sampled_pruning_zero_variance_groups_at_beta_0_trains_the_unpruned_m
         assert same < 1e-5 and moved > 20 * same, (pruner, same, moved)
 
 
+def test_an_as_sampled_minibatch_with_every_row_pruned_still_takes_its_optimiser_step(tmp_path, monkeypatch):
+    """The second update's rows are all pruned: no forward, but AdamW steps on a zero gradient (its moments from
+    the first update move the policy, as GRPO's step on a zero-gradient mini-batch would), and it counts."""
+    from fastrl_core.algo.minibatches import Minibatch
+
+    def plan(keep_mask, **_):
+        every = torch.arange(int(keep_mask.sum()))
+        pruned = (~keep_mask).nonzero().flatten()
+        return [Minibatch(kept=every, absent=torch.zeros(0, dtype=torch.long)), Minibatch(kept=every[:0], absent=pruned)]
+
+    def one_step(store, with_empty):
+        trainer = Trainer(_config(store, steps=1, updates_per_step=2, minibatch_mode="as_sampled", pruner="none",
+                                  budget="fixed"), progress=False)
+        monkeypatch.setattr(trainer_module, "minibatch_plan",
+                            plan if with_empty else lambda keep_mask, **kw: plan(keep_mask, **kw)[:1])
+        row = trainer.train_step()
+        return row, _params(trainer.policy.model)
+
+    row, stepped = one_step(tmp_path / "a", True)
+    single_row, single = one_step(tmp_path / "b", False)
+    assert row["updates"] == 2 and single_row["updates"] == 1
+    assert row["loss"] == single_row["loss"]  # the metrics are over mini-batches with kept rows
+    assert max(float((stepped[n] - single[n]).abs().max()) for n in single) > 1e-6
+
+
 def test_resume_with_minibatches_continues_exactly(tmp_path):
     config = dict(steps=3, updates_per_step=4, **{"objective_args.beta": 0.01})
     straight = Trainer(_config(tmp_path / "a", **config), progress=False)

@@ -297,8 +297,8 @@ class Trainer:
                                   rollout_weights=decision.weights[index].to(on),
                                   rollout_counts=None if kept_multiplicity is None
                                   else kept_multiplicity[batch_rows].to(on),
-                                  absent_mask=rollouts.completion_mask[absent].to(on) if len(absent) else None,
-                                  absent_counts=None if duplicates is None or not len(absent)
+                                  absent_mask=rollouts.completion_mask[absent].to(on),  # (0, T) unless as_sampled
+                                  absent_counts=None if duplicates is None
                                   else duplicates.multiplicity[absent].float().to(on), **self.loss_args)
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)

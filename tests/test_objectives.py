@@ -491,6 +491,12 @@ def test_absent_rows_count_as_rows_of_weight_zero(name, aggregation, beta):
     assert abs(pruned.loss.item()) < abs(alone.loss.item()), "absent rows must shrink the loss"
 
 
+def test_every_aggregation_has_its_normaliser_units():
+    from fastrl_core.algo.objectives import NORMALISER_UNITS
+
+    assert set(NORMALISER_UNITS) == set(AGGREGATIONS.names()) == set(MODES)
+
+
 def test_absent_rows_by_hand_and_errors():
     logprobs, old, advantages, mask = _hand_batch()
     alone = policy_loss("grpo", logprobs, old, advantages, mask).loss

@@ -1,8 +1,9 @@
 """`fastrl demo`: train FastRL, then a GRPO baseline, on the embedded default while the dashboard serves.
 
-The runs go one after another (the machine has 2 cores) in a child process each, writing the store
-the app reads live. Ctrl-C (or SIGTERM) stops the training child and the app and leaves every finished step
-readable.
+The two runs are the bench's methods of those names (`fastrl_core.bench.METHODS`, through `fastrl train --method`),
+so the demo shows the FastRL that README's results measure (on this regime: docs/bench/embedded-cost/). They go
+one after another (the machine has 2 cores), in a child process each, writing the store the app reads live.
+Ctrl-C (or SIGTERM) stops the training child and the app and leaves every finished step readable.
 """
 
 from __future__ import annotations
@@ -13,16 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_RUNS = (
-    ("fastrl", ["pruner=fastrl", "budget=adaptive"]),
-    ("grpo", ["pruner=none", "budget=fixed"]),
-)
+DEMO_RUNS = ("fastrl", "grpo")  # bench method names, trained in this order
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"
 
 
-def training_command(store: Path, name: str, overrides: list[str], steps: int | None) -> list[str]:
-    command = [sys.executable, "-m", "fastrl_core.cli", "train", str(CONFIG), f"store_dir={store}", f"run_name={name}",
-               *overrides]
+def training_command(store: Path, method: str, steps: int | None) -> list[str]:
+    """`fastrl train CONFIG --method METHOD` into `store`, as run `method` (and `steps` steps unless None)."""
+    command = [sys.executable, "-m", "fastrl_core.cli", "train", str(CONFIG), "--method", method,
+               f"store_dir={store}", f"run_name={method}"]
     if steps is not None:
         command.append(f"steps={steps}")
     return command
@@ -30,6 +29,7 @@ def training_command(store: Path, name: str, overrides: list[str], steps: int | 
 
 def run_demo(*, store: Path, port: int, address: str, steps: int | None) -> int:
     from app.launch import serve
+    from fastrl_core.bench import METHODS
 
     def interrupt(signum, frame):  # SIGTERM (e.g. `timeout`, a container stop) stops cleanly like Ctrl-C
         raise KeyboardInterrupt
@@ -40,11 +40,11 @@ def run_demo(*, store: Path, port: int, address: str, steps: int | None) -> int:
     trainer: subprocess.Popen | None = None
     try:
         print(f"\nFastRL dashboard: http://{address}:{port}   (store: {store}; Ctrl-C stops)\n", flush=True)
-        for name, overrides in DEMO_RUNS:
-            print(f"== training {name} ({' '.join(overrides)})", flush=True)
-            trainer = subprocess.Popen(training_command(store, name, overrides, steps))
+        for method in DEMO_RUNS:
+            print(f"== training {method} ({' '.join(METHODS[method])})", flush=True)
+            trainer = subprocess.Popen(training_command(store, method, steps))
             if trainer.wait() != 0:
-                print(f"training {name} failed with exit code {trainer.returncode}", file=sys.stderr)
+                print(f"training {method} failed with exit code {trainer.returncode}", file=sys.stderr)
                 return trainer.returncode
             trainer = None
         print(f"\nBoth runs finished. The dashboard stays up at http://{address}:{port} until Ctrl-C.", flush=True)

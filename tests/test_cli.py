@@ -129,6 +129,11 @@ def test_demo_trains_both_runs_serves_the_app_and_stops_cleanly(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as response:
             assert response.read().strip() == b"ok"
         assert sorted(runs["pruner"]) == ["fastrl", "none"]
+        configs = {name: config if isinstance(config, dict) else __import__("json").loads(config)
+                   for name, config in zip(runs["name"], runs["config"])}
+        # the demo trains the bench's FastRL and GRPO (fastrl_core.bench.METHODS), not definitions of its own
+        assert (configs["fastrl"]["keep_ratio"], configs["fastrl"]["row_cost"]) == (1.0, "measured")
+        assert (configs["grpo"]["pruner"], configs["grpo"]["budget"]) == ("none", "fixed")
     finally:
         demo.send_signal(signal.SIGTERM)  # like a container stop; Ctrl-C (SIGINT) takes the same path
         output, _ = demo.communicate(timeout=60)

@@ -81,6 +81,41 @@ def test_decide_global_tops_up_the_process_whose_groups_were_all_dropped_at_weig
     assert torch.equal(again[1], keep) and torch.equal(again[0].scores, decision.scores)
 
 
+def test_check_row_cost_takes_a_number_for_a_cost_pruner_and_refuses_measured_with_the_reason():
+    from fastrl_core.integrations.trl import check_row_cost
+
+    assert check_row_cost("fastrl", None) is None and check_row_cost("cppo", None) is None
+    assert check_row_cost("fastrl", 0) == 0.0 and check_row_cost("fastrl", 0.02) == 0.02
+    with pytest.raises(ValueError, match="'measured' is not available under TRL"):
+        check_row_cost("fastrl", "measured")
+    for bad in (-0.1, float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="row_cost must be None or a number >= 0"):
+            check_row_cost("fastrl", bad)
+    with pytest.raises(ValueError, match="with pruner='cppo': only"):
+        check_row_cost("cppo", 0.1)
+
+
+def test_decide_global_prunes_with_the_cost_rule_at_the_given_rate():
+    from fastrl_core.algo.pruners import GroupBatch, prune
+    from fastrl_core.integrations.trl import decide_global
+
+    generator = torch.Generator().manual_seed(5)
+    group_ids = torch.arange(32) // 8
+    rewards = torch.rand(32, generator=generator)
+    advantages = rewards - rewards.view(4, 8).mean(1).repeat_interleave(8)
+    batch = GroupBatch(group_ids, rewards, advantages, torch.randn(32, 16, generator=generator))
+    common = dict(pruner="fastrl", keep_ratio=1.0, min_keep=2, pruner_args={}, seed=3, generation=7,
+                  num_processes=1, multiple=1)
+    kept = {}
+    for rho in (0.0, 0.5):
+        decision, keep, _ = decide_global(batch, **common, row_cost=rho)
+        expected = prune("fastrl", batch, keep_ratio=1.0, min_keep=2, row_cost=rho,
+                         generator=torch.Generator().manual_seed(3 * 1_000_003 + 7))
+        assert torch.equal(decision.keep_mask, expected.keep_mask) and torch.equal(keep, expected.keep_mask)
+        kept[rho] = int(keep.sum())
+    assert kept[0.0] == 32 and 8 <= kept[0.5] < 32  # dear passes keep fewer rows, never below min_keep per group
+
+
 def test_select_rows_keeps_images_with_their_rows():
     grid = torch.tensor([[1, 2, 2], [1, 2, 4], [1, 2, 2]])  # 4, 8, 4 patches
     pixel_values = torch.arange(16.0)[:, None].expand(16, 3)  # patch p has value p
@@ -168,7 +203,7 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
                       max_completion_length=6, max_steps=4, num_iterations=2, beta=0.04, learning_rate=1e-3, seed=0,
                       use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
     trainer = Recording(model=str(model_dir), reward_funcs=[_varied_reward], args=args, train_dataset=dataset,
-                        processing_class=tokenizer, pruner="fastrl", keep_ratio=0.5, min_keep=2,
+                        processing_class=tokenizer, pruner="fastrl", keep_ratio=0.5, min_keep=2, row_cost=0.01,
                         store_dir=str(tmp_path / "store"), run_name="trl-test")
     trainer.train()
 
@@ -176,6 +211,7 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
     steps = read_steps(tmp_path / "store", run_id)
     rollouts = read_rollouts(tmp_path / "store", run_id)
     assert steps["step"].tolist() == [0, 1] and len(Recording.loss_batches) == 4  # 2 generations, each used twice
+    assert steps["row_cost"].tolist() == [0.01, 0.01]  # the cost rule's rate, recorded per step as the trainer does
     assert set(rollouts["kept"]) == {True, False}  # both kept and pruned rows are in the store
     assert (rollouts.loc[~rollouts["kept"], "reason"] != "KEPT").all()
     assert set(rollouts["prompt_id"]) <= {f"p{i}" for i in range(12)}

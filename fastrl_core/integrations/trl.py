@@ -48,6 +48,12 @@ path runs on CPU when `processing_class` is given (e.g. `load_policy(...).proces
 processor; tests/test_trl_plugin.py); left to itself TRL calls `AutoProcessor.from_pretrained`, which for
 Qwen2-VL-style checkpoints needs torchvision (video processor) and fails without it.
 
+The cost rule (`algo/costs.py`, README "Pruning only what pays") runs here with a pinned exchange rate:
+`FastRLGRPOTrainer(pruner="fastrl", keep_ratio=1.0, row_cost=ρ)`. `row_cost="measured"` is refused, because
+TRL's update runs outside this hook, so its seconds per kept row cannot be fitted here. Estimate ρ = c / T0 from
+a profile instead: c, the seconds of the log-prob passes and update per kept rollout, over T0, the rest of a
+step. For example, with the update taking 84 % of a step over K kept rows, ρ ≈ 0.84 / (0.16 · K).
+
 Departures, on purpose: no adaptive rollout budget — TRL fixes `num_generations` in its sampler and reshapes
 rewards by it, and its vLLM server mode slices completions by equal per-process counts, so a per-prompt rollout
 count cannot be changed from this hook. The store's `step` is the generation index (one per call of this method
@@ -125,17 +131,38 @@ def balance_kept(keep_mask: Tensor, advantages: Tensor, group_ids: Tensor, *, nu
     return keep, keep & ~keep_mask
 
 
+def check_row_cost(pruner: str, row_cost: float | None) -> float | None:
+    """row_cost for this plug-in: None, or a number ρ >= 0 for a pruner with a cost rule (`COST_PRUNERS`).
+    'measured' is refused here (module docstring): TRL's update seconds are not visible to this hook."""
+    from fastrl_core.algo.pruners import COST_PRUNERS
+
+    if row_cost is None:
+        return None
+    if isinstance(row_cost, str) and row_cost == "measured":
+        raise ValueError("FastRLGRPOTrainer: row_cost='measured' is not available under TRL (its update runs "
+                         "outside the hook that prunes, so the seconds per kept row cannot be fitted); give a "
+                         "number rho = c / T0 from a profile")
+    if isinstance(row_cost, bool) or not isinstance(row_cost, (int, float)) or not row_cost >= 0:
+        raise ValueError(f"FastRLGRPOTrainer: row_cost must be None or a number >= 0, got {row_cost!r}")
+    if pruner not in COST_PRUNERS:
+        raise ValueError(f"FastRLGRPOTrainer: row_cost={row_cost!r} with pruner={pruner!r}: only "
+                         f"{sorted(COST_PRUNERS)} choose their keep count from pass costs")
+    return float(row_cost)
+
+
 def decide_global(batch: GroupBatch, *, pruner: str, keep_ratio: float, min_keep: int, pruner_args: dict,
-                  seed: int, generation: int, num_processes: int, multiple: int
+                  seed: int, generation: int, num_processes: int, multiple: int, row_cost: float | None = None
                   ) -> tuple[PruneResult, Tensor, Tensor]:
-    """The step's keep decision over the gathered batch (N rows, process-major): prune, then `balance_kept`.
+    """The step's keep decision over the gathered batch (N rows, process-major): prune (with the cost rule at
+    ρ = `row_cost` when given), then `balance_kept`.
 
     A function of the gathered tensors, the seed and the generation index only, so every process computes the
     same decision with no further collective, and one process given the same batch computes it too.
     Returns (decision, keep (N,) bool, topped_up (N,) bool); put-back rollouts get weight 1 in `decision.weights`.
     """
     generator = torch.Generator().manual_seed(seed * 1_000_003 + generation)
-    decision = prune(pruner, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=generator, **pruner_args)
+    decision = prune(pruner, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=generator,
+                     row_cost=row_cost, **pruner_args)
     keep, topped_up = balance_kept(decision.keep_mask, batch.advantages, batch.group_ids,
                                    num_processes=num_processes, multiple=multiple)
     if topped_up.any():  # put-back rollouts train with their true advantage at weight 1
@@ -200,6 +227,7 @@ class FastRLGRPOTrainer(GRPOTrainer):
 
     Takes every `GRPOTrainer` argument, plus:
       pruner, keep_ratio, min_keep, pruner_args: as in `fastrl_core.algo.pruners.prune`.
+      row_cost: the cost rule's exchange rate ρ (a number >= 0; None = keep_ratio alone; module docstring).
       sketch_dim: bits of the token-set sketch the `fastrl` pruner compares.
       store_dir: run store to record each step's rollouts, groups and decisions in (None = record nothing).
       run_name: the run's name in the store.
@@ -209,12 +237,16 @@ class FastRLGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args, pruner: str = "fastrl", keep_ratio: float = 0.5, min_keep: int = 2,
-                 pruner_args: dict | None = None, sketch_dim: int = 256, store_dir: str | None = None,
-                 run_name: str = "fastrl-trl", accuracy_reward: str | None = None, defer_scoring: bool = True,
-                 **kwargs) -> None:
+                 pruner_args: dict | None = None, row_cost: float | None = None, sketch_dim: int = 256,
+                 store_dir: str | None = None, run_name: str = "fastrl-trl", accuracy_reward: str | None = None,
+                 defer_scoring: bool = True, **kwargs) -> None:
+        row_cost = check_row_cost(pruner, row_cost)  # before TRL loads anything
+        if "row_cost" in (pruner_args or {}):
+            raise ValueError("FastRLGRPOTrainer: give row_cost as its own argument, not in pruner_args")
         super().__init__(*args, **kwargs)
         self.fastrl_pruner = pruner
         self.fastrl_keep_ratio = keep_ratio
+        self.fastrl_row_cost = row_cost
         self.fastrl_min_keep = min_keep
         self.fastrl_pruner_args = dict(pruner_args or {})
         self.fastrl_sketch_dim = sketch_dim
@@ -364,7 +396,8 @@ class FastRLGRPOTrainer(GRPOTrainer):
             GroupBatch(group_ids, torch.nan_to_num(rewards), advantages, sketches, token_ids),
             pruner=self.fastrl_pruner, keep_ratio=self.fastrl_keep_ratio, min_keep=self.fastrl_min_keep,
             pruner_args=self.fastrl_pruner_args, seed=self.args.seed, generation=self.fastrl_generation,
-            num_processes=self.accelerator.num_processes, multiple=self.args.steps_per_generation)
+            num_processes=self.accelerator.num_processes, multiple=self.args.steps_per_generation,
+            row_cost=self.fastrl_row_cost)
         self._stash.update(rewards=rewards, advantages=advantages, group_ids=group_ids)
         self._seconds["prune"] = time.perf_counter() - start
         return decision, keep, topped_up, sketches
@@ -417,7 +450,8 @@ class FastRLGRPOTrainer(GRPOTrainer):
             completions=completions, lengths=lengths, rewards=rewards, advantages=advantages, keep_mask=keep,
             reasons=reasons, scores=decision.scores, weights=decision.weights, sketches=sketches,
             accuracy_rewards=[self._accuracy(i) for i in range(len(completions))], seconds=seconds,
-            metrics={"loss": None, "kl": None, "clip_fraction": None, "rollouts_topped_up": int(topped_up.sum()),
+            metrics={"loss": None, "kl": None, "clip_fraction": None, "row_cost": self.fastrl_row_cost,
+                     "rollouts_topped_up": int(topped_up.sum()),
                      "global_step": int(self.state.global_step)}))
         rows.write_to(self._writer)
 
@@ -431,7 +465,8 @@ class FastRLGRPOTrainer(GRPOTrainer):
 
     def _run_config(self) -> dict:
         return {"trl_args": self.args.to_dict(), "pruner": self.fastrl_pruner, "keep_ratio": self.fastrl_keep_ratio,
-                "min_keep": self.fastrl_min_keep, "pruner_args": self.fastrl_pruner_args,
+                "min_keep": self.fastrl_min_keep, "row_cost": self.fastrl_row_cost,
+                "pruner_args": self.fastrl_pruner_args,
                 "sketch": "tokens", "sketch_dim": self.fastrl_sketch_dim, "defer_scoring": self.fastrl_defer_scoring}
 
 

@@ -58,6 +58,10 @@ METHODS: dict[str, list[str]] = {
     "fastrl_token_mean": ["pruner=fastrl", "budget=adaptive", "objective_args.aggregation=token_mean"],
     "fastrl_keep_0.75": ["pruner=fastrl", "budget=adaptive", "keep_ratio=0.75"],  # prunes less
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
+    # the budget cutting only decided prompts: at informative_target 0.99 every mixed prompt keeps all n rollouts
+    "adaptive_decided_only": ["pruner=none", "budget=adaptive", "budget_args.informative_target=0.99"],
+    "fastrl_decided_only": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
+                            "budget_args.informative_target=0.99"],
     "fastrl_prune_only": ["pruner=fastrl", "budget=fixed"],  # the pruner alone, n rollouts for every prompt
     "fastrl_lossless": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0"],  # nothing pruned beyond A = 0
     # as_sampled: pruned rows stay in each mini-batch's loss normaliser (an update loses exactly their terms)

@@ -144,22 +144,20 @@ def _looks_local(value: str) -> bool:
         or len(path.parts) > 2
 
 
-def _check_row_cost(row_cost: float | str, pruner: str, where: str, where_pair: str) -> float | str:
-    """row_cost as 'measured' or a float >= 0 ("1e-3", which YAML 1.1 reads as a string, too), for a pruner with
-    a cost rule."""
-    from fastrl_core.algo.pruners import COST_PRUNERS
+def _check_row_cost(row_cost: float | str, pruner: str, where: Callable[..., str]) -> float | str:
+    """row_cost as `check_cost_rule` takes it (with 'measured'), given as a number or a numeric string ("1e-3",
+    which YAML 1.1 reads as a string); its refusal as a ConfigError prefixed with where the keys were set."""
+    from fastrl_core.algo.pruners import CostRuleError, check_cost_rule
 
     if isinstance(row_cost, str) and row_cost != "measured":
         try:
             row_cost = float(row_cost)
         except ValueError:
             pass
-    if isinstance(row_cost, str) and row_cost != "measured" or isinstance(row_cost, float) and not row_cost >= 0:
-        raise ConfigError(f"{where}row_cost={row_cost!r}: give null, 'measured' or a number >= 0")
-    if pruner not in COST_PRUNERS:
-        raise ConfigError(f"{where_pair}row_cost={row_cost!r} with pruner={pruner!r}: only {sorted(COST_PRUNERS)} "
-                          "choose their keep count from pass costs")
-    return row_cost
+    try:
+        return check_cost_rule(pruner, row_cost, measured=True)
+    except CostRuleError as error:
+        raise ConfigError(f"{where(*error.keys)}{error}") from None
 
 
 def check_source(key: str, value: str, special: str, where: str = "") -> None:
@@ -222,8 +220,7 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
         raise ConfigError(f"{where('sketch', 'sketch_top_k', 'engine', 'pruner')}{error}") from None
 
     if config.row_cost is not None:
-        updates["row_cost"] = _check_row_cost(config.row_cost, config.pruner, where("row_cost"),
-                                              where("row_cost", "pruner"))
+        updates["row_cost"] = _check_row_cost(config.row_cost, config.pruner, where)
     if config.eval_samples and not config.eval_every:
         raise ConfigError(f"{where('eval_samples', 'eval_every')}eval_samples={config.eval_samples} needs "
                           "eval_every >= 1: with eval_every=0 the run is never evaluated")

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastrl_core.algo.advantages import compute_advantages
-from fastrl_core.algo.pruners import PRUNERS, GroupBatch, Reason, keep_counts, prune
+from fastrl_core.algo.pruners import (PRUNERS, CostRuleError, GroupBatch, Reason, check_cost_rule, keep_counts,
+                                     prune)
 
 NAMES = ["none", "dapo_filter", "cppo", "pods", "fastrl_official", "fastrl"]
 # every pruner with its default options, plus fastrl's other selection rule and similarities
@@ -587,3 +588,25 @@ def test_fastrl_weights_drop_the_kept_share_when_pruned_rows_stay_in_the_normali
         b = prune(name, batch, keep_ratio=keep_ratio, min_keep=min_keep, generator=torch.Generator().manual_seed(0),
                   kept_normaliser=False)
         assert torch.equal(a.keep_mask, b.keep_mask) and torch.equal(a.weights, b.weights)
+
+
+def test_check_cost_rule_takes_none_or_a_number_at_least_0_for_a_cost_pruner():
+    assert check_cost_rule("fastrl", None) is None and check_cost_rule("cppo", None) is None
+    for value in (0, 0.0, 0.02, 3, float("inf")):
+        assert check_cost_rule("fastrl", value) == float(value) and type(check_cost_rule("fastrl", value)) is float
+    assert check_cost_rule("fastrl", "measured", measured=True) == "measured"
+    for bad in (-0.1, -1, float("nan"), True, False, "0.1", "measured", [0.1]):
+        with pytest.raises(CostRuleError, match=r"^row_cost=.*: give a number >= 0$") as error:
+            check_cost_rule("fastrl", bad)
+        assert isinstance(error.value, ValueError) and error.value.keys == ("row_cost",)
+        assert repr(bad) in str(error.value)
+    for bad in (-0.1, float("nan"), True, "fast"):
+        with pytest.raises(CostRuleError, match=r"^row_cost=.*: give 'measured' or a number >= 0$"):
+            check_cost_rule("fastrl", bad, measured=True)
+    for value, measured in ((0.1, False), ("measured", True)):
+        with pytest.raises(CostRuleError, match=r"with pruner='cppo': only \['fastrl'\] choose") as error:
+            check_cost_rule("cppo", value, measured=measured)
+        assert error.value.keys == ("row_cost", "pruner") and repr(value) in str(error.value)
+    with pytest.raises(CostRuleError) as error:  # the value is checked before the pruner
+        check_cost_rule("cppo", -1.0)
+    assert error.value.keys == ("row_cost",)

@@ -156,6 +156,32 @@ COST_PRUNERS: set[str] = {"fastrl"}  # take `row_cost`, the keep count from pass
 WHOLE_BATCH_PRUNERS: set[str] = {"fastrl"}
 
 
+class CostRuleError(ValueError):
+    """`check_cost_rule`'s refusal; `keys` names what is at fault: ("row_cost",) for the value, ("row_cost",
+    "pruner") for a pruner without a cost rule (the config check names where each was set)."""
+
+    def __init__(self, message: str, keys: tuple[str, ...]):
+        super().__init__(message)
+        self.keys = keys
+
+
+def check_cost_rule(pruner: str, row_cost: float | str | None, *, measured: bool = False) -> float | str | None:
+    """`row_cost` (ρ, algo.costs) for `pruner`, the one check of it: None, or a number >= 0 (int or float, not
+    a bool, not NaN) for a pruner in COST_PRUNERS, returned as a float. `measured`: 'measured' (ρ fitted by the
+    trainer) is accepted too and returned as is. Raises CostRuleError (a ValueError) naming the value."""
+    if row_cost is None:
+        return None
+    is_measured = measured and isinstance(row_cost, str) and row_cost == "measured"
+    if not is_measured and (isinstance(row_cost, bool) or not isinstance(row_cost, (int, float))
+                            or not row_cost >= 0):  # NaN too
+        valid = "'measured' or a number >= 0" if measured else "a number >= 0"
+        raise CostRuleError(f"row_cost={row_cost!r}: give {valid}", ("row_cost",))
+    if pruner not in COST_PRUNERS:
+        raise CostRuleError(f"row_cost={row_cost!r} with pruner={pruner!r}: only {sorted(COST_PRUNERS)} choose "
+                            "their keep count from pass costs (have a cost rule)", ("row_cost", "pruner"))
+    return row_cost if is_measured else float(row_cost)
+
+
 @PRUNERS.register("none")
 def keep_all(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
              generator: torch.Generator | None) -> PruneResult:
@@ -798,7 +824,8 @@ def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: in
           generator: torch.Generator | None = None, row_cost: float | None = None, kept_normaliser: bool = True,
           **options) -> PruneResult:
     """Run pruner `name` (see `PRUNERS`) on `batch`; `options` are that pruner's own keyword arguments.
-    `row_cost` (ρ >= 0, `algo.costs`) is passed on only when given, and only pruners in COST_PRUNERS take it.
+    `row_cost` (ρ >= 0, `algo.costs`; `check_cost_rule`) is passed on only when given, and only pruners in
+    COST_PRUNERS take it.
     `kept_normaliser`: whether the loss will divide by the kept rows only (True: `minibatch_mode` equal_updates /
     fixed_size, TRL) or keep the pruned rows in its normaliser (False: as_sampled); WHOLE_BATCH_PRUNERS, whose
     weights estimate the whole batch's update, scale them by K / N only in the first case.
@@ -809,11 +836,7 @@ def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: in
     if min_keep < 1:
         raise ValueError(f"min_keep must be >= 1, got {min_keep}")
     if row_cost is not None:
-        if name not in COST_PRUNERS:
-            raise ValueError(f"pruner {name!r} has no cost rule: row_cost is read by {sorted(COST_PRUNERS)} only")
-        if not row_cost >= 0:
-            raise ValueError(f"row_cost must be >= 0, got {row_cost}")
-        options["row_cost"] = float(row_cost)
+        options["row_cost"] = check_cost_rule(name, row_cost)
     if not kept_normaliser and name in WHOLE_BATCH_PRUNERS:
         options["kept_normaliser"] = False
     n = _check_batch(batch)

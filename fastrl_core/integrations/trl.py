@@ -132,22 +132,18 @@ def balance_kept(keep_mask: Tensor, advantages: Tensor, group_ids: Tensor, *, nu
 
 
 def check_row_cost(pruner: str, row_cost: float | None) -> float | None:
-    """row_cost for this plug-in: None, or a number ρ >= 0 for a pruner with a cost rule (`COST_PRUNERS`).
-    'measured' is refused here (module docstring): TRL's update seconds are not visible to this hook."""
-    from fastrl_core.algo.pruners import COST_PRUNERS
+    """row_cost for this plug-in: what `check_cost_rule` takes, less 'measured' (module docstring: TRL's update
+    seconds are not visible to this hook) and any other string."""
+    from fastrl_core.algo.pruners import check_cost_rule
 
-    if row_cost is None:
-        return None
     if isinstance(row_cost, str) and row_cost == "measured":
         raise ValueError("FastRLGRPOTrainer: row_cost='measured' is not available under TRL (its update runs "
                          "outside the hook that prunes, so the seconds per kept row cannot be fitted); give a "
                          "number rho = c / T0 from a profile")
-    if isinstance(row_cost, bool) or not isinstance(row_cost, (int, float)) or not row_cost >= 0:
-        raise ValueError(f"FastRLGRPOTrainer: row_cost must be None or a number >= 0, got {row_cost!r}")
-    if pruner not in COST_PRUNERS:
-        raise ValueError(f"FastRLGRPOTrainer: row_cost={row_cost!r} with pruner={pruner!r}: only "
-                         f"{sorted(COST_PRUNERS)} choose their keep count from pass costs")
-    return float(row_cost)
+    try:
+        return check_cost_rule(pruner, row_cost)  # refuses the other strings (no `measured=True`)
+    except ValueError as error:
+        raise ValueError(f"FastRLGRPOTrainer: {error}") from None
 
 
 def decide_global(batch: GroupBatch, *, pruner: str, keep_ratio: float, min_keep: int, pruner_args: dict,

@@ -31,6 +31,7 @@ from fastrl_core.config import TrainConfig, load_config
 from fastrl_core.store.layout import SAMPLED_SUFFIX
 from fastrl_core.store.schema import PHASES
 
+CUT = "budget_args.informative_target=0.9"  # the adaptive budget's rule 3: mixed prompts trimmed (algo.budgets)
 # name -> overrides; `<method>+<objective>` names share that objective's GRPO baseline (`grpo+<objective>`).
 # Add a method by adding an entry; its pruner and budget must be registered (checked when the bench starts).
 METHODS: dict[str, list[str]] = {
@@ -45,33 +46,35 @@ METHODS: dict[str, list[str]] = {
     "greso": ["pruner=none", "budget=greso"],  # skip prompts before generation from their reward history
     "fastrl_paper": ["pruner=fastrl_paper", "budget=rollout_sa_paper"],  # the paper's rule and ARS as written
     "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],  # the authors' code
-    # FastRL: the budget, the exact merge, A = 0 dropped, and pruning beyond that only what pays for its passes
+    # FastRL: the budget (decided prompts probed or skipped), the exact merge, A = 0 dropped, and pruning beyond
+    # that only what pays for its passes. Before 2026-12-02 `fastrl` and `adaptive_only` also cut mixed prompts
+    # (the budget's rule 3): those are now `fastrl_cut` / `adaptive_cut`, and the other adaptive methods below
+    # keep that cut (CUT) as they were measured.
     "fastrl": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured"],
-    "fastrl_ratio": ["pruner=fastrl", "budget=adaptive"],  # the coreset at the config's keep ratio (0.5): before
-    "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", "pruner_args.selection=coreset"],  # facility location
-    "fastrl_matching": ["pruner=fastrl", "budget=adaptive", "pruner_args.selection=matching"],  # gradient matching
-    "fastrl_zero_sum": ["pruner=fastrl", "budget=adaptive", "pruner_args.mass=sign"],  # kept groups stay zero-sum
-    "fastrl_own_mass": ["pruner=fastrl", "budget=adaptive", "pruner_args.mass=own"],  # coreset weights 1
-    "fastrl_unmerged": ["pruner=fastrl", "budget=adaptive", "merge_duplicates=false"],  # as where answers rarely repeat
-    "fastrl_fixed_minibatch": ["pruner=fastrl", "budget=adaptive", "minibatch_mode=fixed_size"],  # fewer updates
-    "grpo_token_mean": ["pruner=none", "budget=fixed", "objective_args.aggregation=token_mean"],  # DAPO's normaliser
-    "fastrl_token_mean": ["pruner=fastrl", "budget=adaptive", "objective_args.aggregation=token_mean"],
-    "fastrl_keep_0.75": ["pruner=fastrl", "budget=adaptive", "keep_ratio=0.75"],  # prunes less
     "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
-    # the budget cutting only decided prompts: at informative_target 0.99 every mixed prompt keeps all n rollouts
-    "adaptive_decided_only": ["pruner=none", "budget=adaptive", "budget_args.informative_target=0.99"],
-    "fastrl_decided_only": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
-                            "budget_args.informative_target=0.99"],
+    "fastrl_cut": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured", CUT],
+    "adaptive_cut": ["pruner=none", "budget=adaptive", CUT],
+    "fastrl_ratio": ["pruner=fastrl", "budget=adaptive", CUT],  # the coreset at the config's keep ratio (0.5)
+    "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=coreset"],  # facility loc.
+    "fastrl_matching": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=matching"],  # grad. matching
+    "fastrl_zero_sum": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.mass=sign"],  # groups stay zero-sum
+    "fastrl_own_mass": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.mass=own"],  # coreset weights 1
+    "fastrl_unmerged": ["pruner=fastrl", "budget=adaptive", CUT, "merge_duplicates=false"],  # answers rarely repeat
+    "fastrl_fixed_minibatch": ["pruner=fastrl", "budget=adaptive", CUT, "minibatch_mode=fixed_size"],  # fewer updates
+    "grpo_token_mean": ["pruner=none", "budget=fixed", "objective_args.aggregation=token_mean"],  # DAPO's normaliser
+    "fastrl_token_mean": ["pruner=fastrl", "budget=adaptive", CUT, "objective_args.aggregation=token_mean"],
+    "fastrl_keep_0.75": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=0.75"],  # prunes less
     "fastrl_prune_only": ["pruner=fastrl", "budget=fixed"],  # the pruner alone, n rollouts for every prompt
-    "fastrl_lossless": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0"],  # nothing pruned beyond A = 0
+    "fastrl_lossless": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=1.0"],  # nothing pruned beyond A = 0
     # as_sampled: pruned rows stay in each mini-batch's loss normaliser (an update loses exactly their terms)
-    "fastrl_as_sampled": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
+    "fastrl_as_sampled": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=1.0", "row_cost=measured",
                           "minibatch_mode=as_sampled"],
-    "fastrl_lossless_as_sampled": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "minibatch_mode=as_sampled"],
+    "fastrl_lossless_as_sampled": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=1.0",
+                                   "minibatch_mode=as_sampled"],
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
-    "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", "objective=dapo"],
+    "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", CUT, "objective=dapo"],
     "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],
-    "fastrl+gspo": ["pruner=fastrl", "budget=adaptive", "objective=gspo"],
+    "fastrl+gspo": ["pruner=fastrl", "budget=adaptive", CUT, "objective=gspo"],
 }
 # The paper's own figures for the methods it ran (NOTES §6: Tables 2 and 5, Geometry3K, Qwen2.5-VL-7B, one run each):
 # speed-up over GRPO's training time · OOD average accuracy. Its headline: 2.07x on average over both datasets.

@@ -190,13 +190,16 @@ def test_adaptive_by_hand():
     """Step 0, reward_scale 1, 8 rollouts each: "mixed" std 0.5: sumsq = 8·0.25 = 2, dof 7, prior 2 dof at 1/6:
     variance (2 + 1/3) / 9 = 0.259 -> p(1−p) = 0.25 (capped) -> p = 1/2 -> 5 rollouts (target 0.9);
     "solved" and "hard" zero variance: streak 1 -> always probed with n_min = 2; "new" unseen: 8. Total 17 of 32.
-    "pruned" had reward variance but nothing survived pruning (kept 0): decided as well."""
-    state = budget_init("adaptive", n=8, reward_scale=1.0)
+    "pruned" had reward variance but nothing survived pruning (kept 0): decided as well. By default (no
+    informative_target) "mixed" keeps all 8."""
+    state = budget_init("adaptive", n=8, reward_scale=1.0, informative_target=0.9)
     state = budget_update("adaptive", state, outcome(["mixed", "solved", "hard", "pruned"], [4, 0, 0, 0],
                                                      mean=[0.5, 1.0, 0.0, 0.5], std=[0.5, 0.0, 0.0, 0.5]))
     assert [state["prompts"][p]["streak"] for p in ("mixed", "solved", "hard", "pruned")] == [0, 1, 1, 1]
     counts = budget_allocate("adaptive", state, ["mixed", "solved", "hard", "new"])
     assert counts == [5, 2, 2, 8]
+    default = {**state, "params": {**state["params"], "informative_target": None}}
+    assert budget_allocate("adaptive", default, ["mixed", "solved", "hard", "new"]) == [8, 2, 2, 8]
     # a second decided visit (the probe of 2 was all equal again): streak 2, probed with probability 1/2
     state = budget_update("adaptive", state, outcome(["solved"], [0], sampled=[2], mean=[1.0], std=[0.0], step=1))
     assert state["prompts"]["solved"]["streak"] == 2 and state["next_step"] == 2
@@ -213,11 +216,12 @@ def test_adaptive_uses_the_accuracy_rate_and_accuracy_decided_visits():
     = 0.4: k = 4 gives 1 − 0.0256 − 0.1296 = 0.845, k = 5 gives 0.912 >= 0.9 -> 5. Without decided_by_accuracy
     "fmt" is mixed with p = (8 + 1)/10 = 0.9: 1 − 0.9^8 − 1e-8 = 0.57 -> all 8."""
     step = outcome(["fmt", "three"], [4, 4], mean=[1.4, 0.9], std=[0.2, 0.48], accuracy=[1.0, 0.375])
-    state = budget_update("adaptive", budget_init("adaptive", n=8), step)
+    state = budget_update("adaptive", budget_init("adaptive", n=8, informative_target=0.9), step)
     assert state["prompts"]["fmt"]["streak"] == 1 and state["prompts"]["three"]["streak"] == 0
     assert state["prompts"]["three"]["hits"] == pytest.approx(3.0) and state["prompts"]["three"]["trials"] == 8.0
     assert budget_allocate("adaptive", state, ["fmt", "three"]) == [2, 5]
-    state = budget_update("adaptive", budget_init("adaptive", n=8, decided_by_accuracy=False), step)
+    state = budget_update("adaptive", budget_init("adaptive", n=8, informative_target=0.9,
+                                                  decided_by_accuracy=False), step)
     assert budget_allocate("adaptive", state, ["fmt", "three"]) == [8, 5]
 
 
@@ -233,19 +237,21 @@ def test_adaptive_probe_frequency_decays_to_the_floor():
 
 
 @pytest.mark.parametrize("with_accuracy", [False, True])
-def test_adaptive_cuts_generation_in_a_revisited_regime(with_accuracy):
+@pytest.mark.parametrize("target", [None, 0.9])
+def test_adaptive_cuts_generation_in_a_revisited_regime(with_accuracy, target):
     """Simulated paper-like regime: 64 prompts of fixed success rates (a third solved, a third hopeless, a third
     at 1/2) visited 12 times, 0/1 rewards (= accuracies) drawn from the counts the controller gives, with and
     without StepOutcome.accuracy_mean. GRPO samples 8 each visit;
-    adaptive samples at least 40 % fewer (decided prompts are probed rarely, mixed ones get 5), and its step
-    total falls over the run."""
+    adaptive samples at least 25 % fewer (decided prompts are probed rarely; 40 % with mixed ones cut to 5 at
+    informative_target 0.9), and its step total falls over the run; mixed prompts keep 8 by default."""
     gen = torch.Generator().manual_seed(0)
     rates = [1.0] * 21 + [0.0] * 21 + [0.5] * 22
     prompts = [f"p{i}" for i in range(64)]
-    state, totals = budget_init("adaptive", n=8), []
+    state, totals, mixed = budget_init("adaptive", n=8, informative_target=target), [], []
     for visit in range(12):
         counts = budget_allocate("adaptive", state, prompts)
         totals.append(sum(counts))
+        mixed += counts[42:] if visit else []
         mean, std = [], []
         for rate, count in zip(rates, counts):
             rewards = (torch.rand(max(count, 1), generator=gen) < rate).double()
@@ -256,8 +262,10 @@ def test_adaptive_cuts_generation_in_a_revisited_regime(with_accuracy):
                                                          step=visit, total=12,
                                                          accuracy=mean if with_accuracy else None))
     assert totals[0] == 64 * 8
-    assert sum(totals) <= 0.6 * 12 * 64 * 8
+    assert sum(totals) <= (0.6 if target else 0.75) * 12 * 64 * 8
     assert totals[-1] < totals[1] < totals[0]
+    if target is None:  # a p = 1/2 prompt is all-equal in 8 with chance 1/128: then probed, else it keeps 8
+        assert mixed.count(8) >= 0.9 * len(mixed) and set(mixed) <= {0, 2, 8}
 
 
 @settings(max_examples=60, deadline=None)
@@ -291,7 +299,7 @@ def test_adaptive_decided_prompts_get_fewer_and_the_total_only_falls(seed, n, pr
 def histories(draw):
     n = draw(st.integers(2, 10))
     params = {"adaptive": {"n": n, "n_min": draw(st.integers(1, n)), "memory": draw(st.floats(0, 0.95)),
-                           "informative_target": draw(st.floats(0.5, 0.99)),
+                           "informative_target": draw(st.one_of(st.none(), st.floats(0.5, 0.99))),
                            "probe_decay": draw(st.floats(0, 1)), "probe_floor": draw(st.floats(0, 1)),
                            "reward_scale": draw(st.one_of(st.none(), st.floats(0.1, 3))),
                            "decided_by_accuracy": draw(st.booleans()), "seed": draw(st.integers(0, 100))},
@@ -350,6 +358,8 @@ def test_bad_input_names_the_problem():
         budget_init("adaptive", memory=1.0)
     with pytest.raises(ValueError, match="informative_target out of range"):
         budget_init("adaptive", informative_target=1.0)
+    with pytest.raises(ValueError, match="informative_target out of range: True"):
+        budget_init("adaptive", informative_target=True)
     with pytest.raises(ValueError, match="p_easy out of range"):
         budget_init("greso", p_easy=1.5)
     with pytest.raises(ValueError, match="p_min <= p_max"):

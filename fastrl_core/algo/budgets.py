@@ -11,8 +11,9 @@ the prompt for the step (the engines accept 0).
 - `rollout_sa_paper`  the paper's ARS as written in its §3.3 Eqs. 10–14 (max over the epoch's questions).
 - `greso`             GRESO (Zheng et al. 2025): skip prompts that were zero-variance on their recent visits.
 - `adaptive`          ours: per-prompt counts from each prompt's pruning history (decided visits are probed
-                      with n_min rollouts or skipped) and its success rate (just enough rollouts for a likely
-                      non-zero gradient); the step total falls as groups are decided, never above n per prompt.
+                      with n_min rollouts or skipped; mixed prompts keep n, or with `informative_target` just
+                      enough for a likely non-zero gradient); the step total falls as groups are decided, never
+                      above n per prompt.
 
 Randomness (greso's and adaptive's skip draws) is a pure function of (seed, step, prompt id) through a hash
 (`uniform_draw`), so allocation stays state -> counts and a resumed run draws the same.
@@ -307,14 +308,15 @@ BUDGETS.register("greso")(BudgetController(init=_greso_init, allocate=greso_allo
 # ----------------------------------------------------------------------------------------------- adaptive
 
 
-def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float = 0.9, probe_decay: float = 0.5,
+def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None = None, probe_decay: float = 0.5,
                    probe_floor: float = 0.1, memory: float = 0.5, prior_strength: float = 2.0,
                    reward_scale: float | None = None, decided_by_accuracy: bool = True, seed: int = 0,
                    min_prompts: int = 1) -> dict:
     """Parameters (see `adaptive_allocate` for the rule):
     n                   rollouts for a prompt never seen before, and the most any prompt gets
     n_min               rollouts of a probe of a decided prompt, and the fewest a mixed prompt gets
-    informative_target  a mixed prompt gets the fewest rollouts whose chance of unequal rewards reaches this
+    informative_target  None (default): a mixed prompt keeps n rollouts; a number in (0, 1): it gets the fewest
+                        rollouts whose chance of unequal rewards reaches it (rule 3 of `adaptive_allocate`)
     probe_decay         a decided prompt with streak z is probed with probability max(decay^(z−1), probe_floor)
     probe_floor         the exploration floor: decided prompts are still probed this often
     memory              weight of a prompt's older evidence per new observation (0 = last one only)
@@ -331,7 +333,9 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float = 0.9, 
                                                                                              min_prompts)
     if not n_min <= n:
         raise ValueError(f"budget parameters need n_min <= n, got {n_min}, {n}")
-    checks = {"informative_target": (informative_target, 0 < informative_target < 1),
+    checks = {"informative_target": (informative_target, informative_target is None
+                                     or isinstance(informative_target, (int, float))
+                                     and not isinstance(informative_target, bool) and 0 < informative_target < 1),
               "probe_decay": (probe_decay, 0 <= probe_decay <= 1), "probe_floor": (probe_floor, 0 <= probe_floor <= 1),
               "memory": (memory, 0 <= memory < 1), "prior_strength": (prior_strength, prior_strength > 0),
               "reward_scale": (reward_scale, reward_scale is None or reward_scale > 0),
@@ -340,7 +344,7 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float = 0.9, 
     for key, (value, ok) in checks.items():
         if not ok:
             raise ValueError(f"budget parameter {key} out of range: {value!r}")
-    params = {"n": n, "n_min": n_min, "informative_target": float(informative_target),
+    params = {"n": n, "n_min": n_min, "informative_target": None if informative_target is None else float(informative_target),
               "probe_decay": float(probe_decay), "probe_floor": float(probe_floor), "memory": float(memory),
               "prior_strength": float(prior_strength),
               "reward_scale": None if reward_scale is None else float(reward_scale),
@@ -389,6 +393,15 @@ def informative_count(p: float, target: float, low: int, high: int) -> int:
     return high
 
 
+def _mixed_count(history: dict, params: dict, scale: float) -> int:
+    """Rule 3 of `adaptive_allocate`: n, or with an informative_target the fewest rollouts in [n_min, n] that give
+    unequal outcomes that likely at the prompt's success rate."""
+    if params["informative_target"] is None:
+        return params["n"]
+    p = _prompt_success_rate(history, params, scale)
+    return informative_count(p, params["informative_target"], params["n_min"], params["n"])
+
+
 def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     """Per-prompt counts for the coming step; their sum, the step's sample budget, is at most n·P and falls as
     prompts become decided.
@@ -401,11 +414,10 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
        tend to stay so, skip them with a probability growing with the streak, keep exploring) made cheap: n_min
        rollouts instead of n, so a probe costs little and a prompt that has become uncertain again shows mixed
        outcomes and returns to rule 3.
-    3. Mixed prompts: `informative_count` of their success rate p (`_prompt_success_rate`, pooled over visits):
-       the fewest rollouts, within [n_min, n], that give unequal outcomes with probability >=
-       informative_target. A prompt at p = 1/2 needs 5 of 8 for 0.9; a rare success or failure (p <= 0.2 or
-       >= 0.8) keeps all n. So generation is cut where groups are decided or easily mixed, not where the signal
-       is rare.
+    3. Mixed prompts: n (default). With `informative_target` set, `informative_count` of their success rate p
+       (`_prompt_success_rate`, pooled over visits): the fewest rollouts, within [n_min, n], that give unequal
+       outcomes with probability >= informative_target. A prompt at p = 1/2 needs 5 of 8 for 0.9; a rare success
+       or failure (p <= 0.2 or >= 0.8) keeps all n (Knapsack-RL's value, Li et al. 2025, arXiv 2509.25849).
     Draws u = uniform_draw(seed, step, id). At least `min_prompts` prompts get rollouts (n_min, if forced).
 
     What this does not do, and why: per-prompt kept counts enter only as "did anything survive" (rule 2). For
@@ -416,15 +428,18 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
 
     Measured (embedded default, 100 steps of 16 prompts × 8 on 128 training prompts, i.e. 12.5 visits per
     prompt, pruner fastrl, greedy accuracy on 256 test problems every 20 steps; final / mean of the last three
-    evaluations): seed 0 — `fixed` 12,800 rollouts sampled, 0.613 / 0.599; this rule 7,384 (−42 %), 0.625 /
-    0.607; the former rule 11,471 (−10 %), 0.629 / 0.613. Seed 1 — `fixed` 12,800, 0.504 / 0.574; this rule
-    7,837 (−39 %), 0.609 / 0.617. Two seeds, so accuracy is "not worse within seed noise", not "better".
+    evaluations): seed 0 — `fixed` 12,800 rollouts sampled, 0.613 / 0.599; this rule with rule 3 at 0.9 7,384
+    (−42 %), 0.625 / 0.607; the former rule 11,471 (−10 %), 0.629 / 0.613. Seed 1 — `fixed` 12,800, 0.504 /
+    0.574; this rule 7,837 (−39 %), 0.609 / 0.617. Two seeds, so accuracy is "not worse within seed noise", not "better".
 
-    Measured in the paper regime (configs/paper.yaml, no pruner, 5 seeds, mean@4, paired against GRPO): at
-    informative_target 0.9, 35 % fewer rollouts, −0.8 ± 0.5 pts per step, +1.3 ± 0.9 at equal time
-    (docs/bench/paper-cost). At 0.99, where rule 3 gives every mixed prompt all n = 8 and only rule 2 cuts: 12 %
-    fewer, +0.4 ± 1.4 per step, +1.3 ± 1.2 at equal time (docs/bench/paper-decided). Rule 3 saves time at about
-    the rate it loses accuracy per step.
+    Measured in the paper regime (configs/paper.yaml, no pruner, 5 seeds, mean@4, paired against GRPO): with
+    rule 3 at informative_target 0.9, 35 % fewer rollouts, −0.8 ± 0.5 pts per step, +1.3 ± 0.9 at equal time
+    (docs/bench/paper-cost); without it (only rule 2 cuts), 12 % fewer, +0.4 ± 1.4 per step, +1.3 ± 1.2 at equal
+    time (docs/bench/paper-decided, run as informative_target 0.99, which keeps all 8). Rule 3 saves time at
+    about the rate it loses accuracy per step and gains nothing at equal time, hence off by default. Why no rule
+    cuts much more there without cutting mixed groups: over a GRPO run of that config (seed 0, 1,280 groups)
+    only 7 % of groups are decided and 16 % are mixed with one rare outcome (1 of 8); 77 % are at 2–6 of 8
+    correct, at every stage of the run.
     """
     params = state["params"]
     n, n_min = params["n"], params["n_min"]
@@ -442,8 +457,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
             counts.append(0 if draws[-1] < 1.0 - probe else n_min)
         else:
             skip.append(0.0)
-            p = _prompt_success_rate(history, params, scale)
-            counts.append(informative_count(p, params["informative_target"], n_min, n))
+            counts.append(_mixed_count(history, params, scale))
     return _keep_some(counts, draws, skip, n_min, min(params["min_prompts"], len(prompt_ids)))
 
 

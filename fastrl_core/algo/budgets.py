@@ -308,10 +308,10 @@ BUDGETS.register("greso")(BudgetController(init=_greso_init, allocate=greso_allo
 # ----------------------------------------------------------------------------------------------- adaptive
 
 
-def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None = None, probe_decay: float = 0.5,
-                   probe_floor: float = 0.1, memory: float = 0.5, prior_strength: float = 2.0,
-                   reward_scale: float | None = None, decided_by_accuracy: bool = True, seed: int = 0,
-                   min_prompts: int = 1) -> dict:
+def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None = None,
+                   probe_decay: float = 0.5, probe_floor: float = 0.1, memory: float = 0.5,
+                   prior_strength: float = 2.0, reward_scale: float | None = None,
+                   decided_by_accuracy: bool = True, seed: int = 0, min_prompts: int = 1) -> dict:
     """Parameters (see `adaptive_allocate` for the rule):
     n                   rollouts for a prompt never seen before, and the most any prompt gets
     n_min               rollouts of a probe of a decided prompt, and the fewest a mixed prompt gets
@@ -344,7 +344,8 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
     for key, (value, ok) in checks.items():
         if not ok:
             raise ValueError(f"budget parameter {key} out of range: {value!r}")
-    params = {"n": n, "n_min": n_min, "informative_target": None if informative_target is None else float(informative_target),
+    params = {"n": n, "n_min": n_min,
+              "informative_target": None if informative_target is None else float(informative_target),
               "probe_decay": float(probe_decay), "probe_floor": float(probe_floor), "memory": float(memory),
               "prior_strength": float(prior_strength),
               "reward_scale": None if reward_scale is None else float(reward_scale),
@@ -430,7 +431,8 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     prompt, pruner fastrl, greedy accuracy on 256 test problems every 20 steps; final / mean of the last three
     evaluations): seed 0 — `fixed` 12,800 rollouts sampled, 0.613 / 0.599; this rule with rule 3 at 0.9 7,384
     (−42 %), 0.625 / 0.607; the former rule 11,471 (−10 %), 0.629 / 0.613. Seed 1 — `fixed` 12,800, 0.504 /
-    0.574; this rule 7,837 (−39 %), 0.609 / 0.617. Two seeds, so accuracy is "not worse within seed noise", not "better".
+    0.574; this rule 7,837 (−39 %), 0.609 / 0.617. Two seeds, so accuracy is "not worse within seed noise",
+    not "better".
 
     Measured in the paper regime (configs/paper.yaml, no pruner, 5 seeds, mean@4, paired against GRPO): with
     rule 3 at informative_target 0.9, 35 % fewer rollouts, −0.8 ± 0.5 pts per step, +1.3 ± 0.9 at equal time

@@ -512,8 +512,9 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     not directions alone; diversity for its own sake (the DPP) does not help.
     (c) In training (`fastrl bench --config configs/paper.yaml`, docs/bench/paper, 3-5 seeds): with duplicates
     merged, every pruner alone saves little per step over GRPO (CPPO 1.10x, PODS 1.12x, random 1.11x,
-    advantage-only 1.08x); the budget alone (`adaptive_only`) 1.29x, and this coreset on top of it 1.39x
-    [1.37, 1.41]. No pruner's final accuracy differs from GRPO's beyond seed noise.
+    advantage-only 1.08x); the budget alone (then `adaptive_only`, with the cut of mixed prompts: today's
+    `adaptive_cut`) 1.29x, and this coreset on top of it 1.39x [1.37, 1.41]. No pruner's final accuracy differs
+    from GRPO's beyond seed noise.
     (d) Gradient matching (`selection='matching'`, GradMatch: OMP picks, bounded least-squares weights) and the
     zero sum restored (`mass='sign'`), same benchmark and report seeds, warm / trained. Merged, keep 0.5 (24 /
     20 % kept): matching 0.984 / 0.945, zero sum 0.901 / 0.928, against CPPO 0.977 / 0.938 and this coreset

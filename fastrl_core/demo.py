@@ -1,7 +1,7 @@
 """`fastrl demo`: train FastRL, then a GRPO baseline, on the embedded default while the dashboard serves.
 
 The two runs are the bench's methods of those names (`fastrl_core.bench.METHODS`, through `fastrl train --method`),
-so the demo shows the FastRL that README's results measure (on this regime: docs/bench/embedded-cost/). They go
+so the demo shows the FastRL that README's results measure (on this regime: docs/bench/embedded-decided/). They go
 one after another (the machine has 2 cores), in a child process each, writing the store the app reads live.
 Ctrl-C (or SIGTERM) stops the training child and the app and leaves every finished step readable.
 """

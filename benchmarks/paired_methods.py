@@ -9,8 +9,11 @@ mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`). B 
 report) when given, else in the same one. With `--store`, every finished run's share of nonzero-advantage
 rollouts pruned beyond A = 0 and copies (reasons LOW_ADVANTAGE / REDUNDANT, copies of such rows included) and the
 share of the |A| mass they carried (the pruning that loses signal; A = 0 and DUPLICATE are lossless), and with
-row_cost the mean fitted ρ and the range of its 10-step means.
-Printed figures: docs/bench/paper-cost/README.md.
+row_cost the mean fitted ρ and the range of its 10-step means. With `--curves`, each method's accuracy at every
+evaluation step (mean over seeds) and its largest drop from a run's best to its last evaluation. With
+`--budget STORE`, per finished run and quarter of the run: rollouts sampled and zero-variance groups per step,
+and the share of full groups (rollouts_per_prompt sampled) by how many rollouts were correct.
+Printed figures: docs/bench/paper-cost/README.md, docs/bench/paper-long/README.md.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+import pandas as pd
 
 from fastrl_core import metrics, store
 
@@ -55,20 +60,62 @@ def pruned_shares(store_dir: str) -> None:
               f"{mass[lossy].sum() / mass.sum():6.1%} of |A| mass{fitted}")
 
 
+def curves(path: Path) -> None:
+    report = json.loads(path.read_text())
+    runs = {run["run_id"]: run for run in report["runs"]}
+    by_method: dict[str, list[list[dict]]] = {}
+    for run_id, curve in report["curves"].items():
+        by_method.setdefault(runs[run_id]["method"], []).append(curve)
+    for method, method_curves in by_method.items():
+        steps = [point["step"] for point in method_curves[0]]
+        means = [sum(curve[i]["accuracy"] for curve in method_curves) / len(method_curves) for i in range(len(steps))]
+        drop = max(max(p["accuracy"] for p in curve) - curve[-1]["accuracy"] for curve in method_curves)
+        print(f"{method:12s} steps {steps}\n{'':12s} mean  {[round(m, 3) for m in means]}  "
+              f"largest best − last {100 * drop:.1f} pts ({len(method_curves)} runs)")
+
+
+def budget_history(store_dir: str) -> None:
+    runs = store.read_runs(store_dir)
+    for run_id in sorted(runs.loc[runs["status"] == "finished", "run_id"]):
+        steps = store.read_steps(store_dir, run_id)
+        quarter = steps["step"] * 4 // (steps["step"].max() + 1)
+        sampled = steps["rollouts_sampled"].groupby(quarter).mean().round(1).tolist()
+        zero = steps["zero_variance_groups"].groupby(quarter).mean().round(1).tolist()
+        rollouts = store.read_rollouts(store_dir, run_id)
+        groups = rollouts.groupby(["step", "prompt_id"])["accuracy_reward"].agg(["size", "sum"])
+        full = groups[groups["size"] == groups["size"].max()]
+        n, correct = int(groups["size"].max()), full["sum"].round().astype(int)
+        shares = (correct.value_counts(normalize=True).sort_index() * 100).round(1)
+        kind = correct.map(lambda c: "decided" if c in (0, n) else "one rare" if c in (1, n - 1) else "mixed")
+        by_quarter = pd.crosstab(full.index.get_level_values("step") * 4 // (steps["step"].max() + 1), kind,
+                                 normalize="index").mul(100).round(1)
+        print(f"{run_id:45s} sampled/step by quarter {sampled}, zero-variance groups/step {zero}\n{'':45s} "
+              f"{len(full)} full groups of {n}, % by correct count {shares.to_dict()}\n{'':45s} "
+              f"% by quarter {by_quarter.to_dict(orient='list')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path, help="a bench results.json")
+    parser.add_argument("report", type=Path, nargs="?", help="a bench results.json (needed for pairs, --curves)")
     parser.add_argument("pairs", nargs="*", help="A:B method pairs")
     parser.add_argument("--other", type=Path, help="results.json to look B up in (default: the report)")
     parser.add_argument("--store", help="also print each finished run's pruned shares from this store")
+    parser.add_argument("--curves", action="store_true", help="also print each method's mean accuracy curve")
+    parser.add_argument("--budget", help="also print each finished run's budget history from this store")
     args = parser.parse_args()
-    a = runs_by_method_seed(args.report)
+    if args.report is None and (args.pairs or args.curves or args.other):
+        parser.error("pairs, --curves and --other need a report (a bench results.json)")
+    a = runs_by_method_seed(args.report) if args.report else {}
     b = runs_by_method_seed(args.other) if args.other else a
     for pair in args.pairs:
         method_a, _, method_b = pair.partition(":")
         paired(a, b, method_a, method_b)
     if args.store:
         pruned_shares(args.store)
+    if args.curves:
+        curves(args.report)
+    if args.budget:
+        budget_history(args.budget)
 
 
 if __name__ == "__main__":

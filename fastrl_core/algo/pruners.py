@@ -417,10 +417,10 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     docs/bench/paper-as-sampled, 5 seeds) makes dropping A = 0 rows exact at β = 0 but changes nothing measurable
     in training: −0.08 ± 0.96 pts at keep 1.0, −0.34 ± 1.25 with the cost rule. The gap to the budget alone
     (−0.56 ± 0.65) is the pruned A = 0 rows' KL term.
-    (h) Over 160 steps (docs/bench/paper-long, mean@4, 5 seeds), with the budget cutting only decided prompts:
-    FastRL (this coreset with the cost rule) is +2.4 ± 1.8 pts over GRPO per step and 1.25× cheaper per step; the
-    budget alone is +2.1 ± 2.3 and 1.19×. Pruning on top adds +0.25 ± 2.08 pts and ~5 % of a step: on 2 CPU cores
-    the passes it saves are a small share of a step, so the budget, not the pruner, is what pays here.
+    (h) Over 160 steps (docs/bench/paper-long, mean@4), with the budget cutting only decided prompts: FastRL (this
+    coreset with the cost rule) is +1.9 ± 1.1 pts over GRPO per step (10 seeds) and 1.25× cheaper per step; the
+    budget alone is +2.1 ± 2.3 and 1.19× (5 seeds). Pruning on top adds +0.25 ± 2.08 pts and ~5 % of a step: on
+    2 CPU cores the passes it saves are a small share of a step, so the budget, not the pruner, is what pays here.
     """
     if selection not in SELECTIONS:
         raise ValueError(f"fastrl: selection must be one of {SELECTIONS}, got {selection!r}")

@@ -74,10 +74,7 @@ def fastrl_official(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min
     n = batch.advantages.numel()
     magnitude = batch.advantages.double().abs()
     bucket = advantage_buckets(groups, batch.advantages, decimals)  # (N,)
-    # representative: largest |A| in the bucket, ties by the random slot order (lexsort by successive stable sorts)
-    order = torch.argsort(groups.slot, stable=True)
-    order = order[torch.argsort(magnitude[order], descending=True, stable=True)]
-    order = order[torch.argsort(bucket[order], stable=True)]
+    order = bucket_order(groups, magnitude, bucket)  # representative: each bucket's first
     first_in_bucket = torch.ones(n, dtype=torch.bool)
     first_in_bucket[1:] = bucket[order][1:] != bucket[order][:-1]
     representative = torch.empty(int(bucket.max()) + 1, dtype=torch.long)
@@ -97,6 +94,15 @@ def advantage_buckets(groups: Groups, advantages: Tensor, decimals: int) -> Tens
     the rounding is the authors' code's, and the paper's App. C.4 groups |A_i − A_j| < 1e-4 alike)."""
     value = torch.round(advantages.double() * 10**decimals).long()
     return _pair_ids(groups.row, value)
+
+
+def bucket_order(groups: Groups, magnitude: Tensor, bucket: Tensor) -> Tensor:
+    """(N,) batch indices sorted by bucket, then |A| descending, ties by the group layout's random slot (a lexsort
+    by successive stable sorts): each bucket's first is its largest-|A| rollout (the authors' representative,
+    Alg. 1 line 19's traversal order)."""
+    order = torch.argsort(groups.slot, stable=True)
+    order = order[torch.argsort(magnitude[order], descending=True, stable=True)]
+    return order[torch.argsort(bucket[order], stable=True)]
 
 
 def _pair_ids(first: Tensor, second: Tensor) -> Tensor:
@@ -218,10 +224,7 @@ def fastrl_paper(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_ke
     n = batch.advantages.numel()
     magnitude = batch.advantages.double().abs()
     bucket = advantage_buckets(groups, batch.advantages, decimals)
-    # bucket layout (B, L): by |A| descending, ties by the group layout's random slot
-    order = torch.argsort(groups.slot, stable=True)
-    order = order[torch.argsort(magnitude[order], descending=True, stable=True)]
-    order = order[torch.argsort(bucket[order], stable=True)]
+    order = bucket_order(groups, magnitude, bucket)  # bucket layout (B, L) in this order
     sizes = torch.bincount(bucket)
     starts = torch.cumsum(sizes, 0) - sizes
     position = torch.arange(n) - starts[bucket[order]]

@@ -5,14 +5,17 @@
         [--store /tmp/benchN]
 
 For each pair A:B, per seed, A's final accuracy, gain at equal time (points) and training seconds minus B's, then
-mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`). B is looked up in `--other` (another
-report) when given, else in the same one. With `--store`, every finished run's share of nonzero-advantage
+mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`), after each method's mean final accuracy
+over those seeds. `--also` joins more reports' runs to the report's, so a pair spans several benches (the first
+report holding a method and seed gives it). B is looked up in `--other` (another report) when given, else in the
+report and `--also`. With `--store`, every finished run's share of nonzero-advantage
 rollouts pruned beyond A = 0 and copies (reasons LOW_ADVANTAGE / REDUNDANT, copies of such rows included) and the
 share of the |A| mass they carried (the pruning that loses signal; A = 0 and DUPLICATE are lossless), and with
 row_cost the mean fitted ρ and the range of its 10-step means. With `--curves`, each method's accuracy at every
-evaluation step (mean over seeds) and its largest drop from a run's best to its last evaluation. With
-`--budget STORE`, per finished run and quarter of the run: rollouts sampled and zero-variance groups per step,
-and the share of full groups (rollouts_per_prompt sampled) by how many rollouts were correct.
+evaluation step (mean over seeds), its largest drop from a run's best to its last evaluation and its largest fall
+between two evaluations, each with the run. With `--budget STORE`, per finished run and quarter of the run:
+rollouts sampled and zero-variance groups per step (and their mean per method), and the share of full groups
+(rollouts_per_prompt sampled) by how many rollouts were correct.
 Printed figures: docs/bench/paper-cost/README.md, docs/bench/paper-long/README.md.
 """
 
@@ -30,14 +33,27 @@ FIGURES = {"final_accuracy": 100.0, "gain_at_equal_time": 100.0, "train_seconds"
 LOSSY = ("LOW_ADVANTAGE", "REDUNDANT")
 
 
-def runs_by_method_seed(path: Path) -> dict[tuple[str, int], dict]:
-    return {(run["method"], run["seed"]): run for run in json.loads(path.read_text())["runs"]}
+def runs_by_method_seed(paths: list[Path]) -> tuple[dict[tuple[str, int], dict], dict[str, list[dict]]]:
+    """Runs by (method, seed) and evaluation curves by run id over several reports; the first report that holds a
+    (method, seed) gives it (so a later report fills in seeds the earlier ones lack)."""
+    runs: dict[tuple[str, int], dict] = {}
+    curves: dict[str, list[dict]] = {}
+    for path in paths:
+        report = json.loads(path.read_text())
+        for run in report["runs"]:
+            if (run["method"], run["seed"]) not in runs:
+                runs[run["method"], run["seed"]] = run
+                curves[run["run_id"]] = report["curves"][run["run_id"]]
+    return runs, curves
 
 
 def paired(a: dict, b: dict, method_a: str, method_b: str) -> None:
     seeds = sorted(seed for method, seed in a if method == method_a and (method_b, seed) in b)
     if not seeds:
         raise SystemExit(f"no seed has both {method_a!r} and {method_b!r}")
+    for name, runs, method in (("A", a, method_a), ("B", b, method_b)):
+        finals = [runs[method, s]["final_accuracy"] for s in seeds]
+        print(f"{name} {method:18s} final accuracy over seeds {seeds}: {metrics.mean_ci(finals).text('.3f')}")
     for key, scale in FIGURES.items():
         diffs = [scale * (a[method_a, s][key] - b[method_b, s][key]) for s in seeds
                  if a[method_a, s][key] is not None and b[method_b, s][key] is not None]
@@ -60,23 +76,32 @@ def pruned_shares(store_dir: str) -> None:
               f"{mass[lossy].sum() / mass.sum():6.1%} of |A| mass{fitted}")
 
 
-def curves(path: Path) -> None:
-    report = json.loads(path.read_text())
-    runs = {run["run_id"]: run for run in report["runs"]}
-    by_method: dict[str, list[list[dict]]] = {}
-    for run_id, curve in report["curves"].items():
-        by_method.setdefault(runs[run_id]["method"], []).append(curve)
+def curves(runs: dict[tuple[str, int], dict], run_curves: dict[str, list[dict]]) -> None:
+    """Per method: the mean curve; the run whose last evaluation is furthest below its best; the largest fall
+    from one evaluation to the next in any of its runs."""
+    by_method: dict[str, list[tuple[str, list[float]]]] = {}
+    for (method, _), run in runs.items():
+        by_method.setdefault(method, []).append((run["run_id"], [p["accuracy"] for p in run_curves[run["run_id"]]]))
     for method, method_curves in by_method.items():
-        steps = [point["step"] for point in method_curves[0]]
-        means = [sum(curve[i]["accuracy"] for curve in method_curves) / len(method_curves) for i in range(len(steps))]
-        drop = max(max(p["accuracy"] for p in curve) - curve[-1]["accuracy"] for curve in method_curves)
-        print(f"{method:12s} steps {steps}\n{'':12s} mean  {[round(m, 3) for m in means]}  "
-              f"largest best − last {100 * drop:.1f} pts ({len(method_curves)} runs)")
+        steps = [point["step"] for point in run_curves[method_curves[0][0]]]
+        means = [sum(acc[i] for _, acc in method_curves) / len(method_curves) for i in range(len(steps))]
+        run_id, acc = max(method_curves, key=lambda item: max(item[1]) - item[1][-1])
+        best = max(range(len(acc)), key=acc.__getitem__)
+        fall_run, fall_acc = max(method_curves, key=lambda item: max(x - y for x, y in zip(item[1], item[1][1:])))
+        i = max(range(1, len(steps)), key=lambda k: fall_acc[k - 1] - fall_acc[k])
+        print(f"{method:12s} steps {steps}\n{'':12s} mean  {[round(m, 3) for m in means]} ({len(method_curves)} "
+              f"runs)\n{'':12s} largest best − last {100 * (acc[best] - acc[-1]):.1f} pts ({run_id}: {acc[best]:.3f} "
+              f"at step {steps[best]} -> {acc[-1]:.3f}); largest fall between evaluations "
+              f"{100 * (fall_acc[i - 1] - fall_acc[i]):.1f} pts ({fall_run}: {fall_acc[i - 1]:.3f} at step "
+              f"{steps[i - 1]} -> {fall_acc[i]:.3f} at {steps[i]})")
 
 
 def budget_history(store_dir: str) -> None:
     runs = store.read_runs(store_dir)
-    for run_id in sorted(runs.loc[runs["status"] == "finished", "run_id"]):
+    finished = runs[runs["status"] == "finished"]
+    method_of = metrics.run_labels(finished).set_index("run_id")["method"]
+    by_method: dict[str, list[tuple[list[float], list[float]]]] = {}
+    for run_id in sorted(finished["run_id"]):
         steps = store.read_steps(store_dir, run_id)
         quarter = steps["step"] * 4 // (steps["step"].max() + 1)
         sampled = steps["rollouts_sampled"].groupby(quarter).mean().round(1).tolist()
@@ -92,28 +117,36 @@ def budget_history(store_dir: str) -> None:
         print(f"{run_id:45s} sampled/step by quarter {sampled}, zero-variance groups/step {zero}\n{'':45s} "
               f"{len(full)} full groups of {n}, % by correct count {shares.to_dict()}\n{'':45s} "
               f"% by quarter {by_quarter.to_dict(orient='list')}")
+        by_method.setdefault(method_of[run_id], []).append((sampled, zero))
+    for method, histories in by_method.items():
+        mean = [[round(sum(q) / len(q), 2) for q in zip(*part)] for part in zip(*histories)]
+        print(f"{method:45s} mean of {len(histories)} runs by quarter: sampled/step {mean[0]}, "
+              f"zero-variance groups/step {mean[1]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, nargs="?", help="a bench results.json (needed for pairs, --curves)")
     parser.add_argument("pairs", nargs="*", help="A:B method pairs")
+    parser.add_argument("--also", type=Path, action="append", default=[], metavar="REPORT",
+                        help="another results.json whose runs join the report's (repeatable; the first report "
+                             "holding a method and seed gives it): pairs over the seeds of several benches")
     parser.add_argument("--other", type=Path, help="results.json to look B up in (default: the report)")
     parser.add_argument("--store", help="also print each finished run's pruned shares from this store")
     parser.add_argument("--curves", action="store_true", help="also print each method's mean accuracy curve")
     parser.add_argument("--budget", help="also print each finished run's budget history from this store")
     args = parser.parse_args()
-    if args.report is None and (args.pairs or args.curves or args.other):
-        parser.error("pairs, --curves and --other need a report (a bench results.json)")
-    a = runs_by_method_seed(args.report) if args.report else {}
-    b = runs_by_method_seed(args.other) if args.other else a
+    if args.report is None and (args.pairs or args.curves or args.other or args.also):
+        parser.error("pairs, --curves, --other and --also need a report (a bench results.json)")
+    a, a_curves = runs_by_method_seed([args.report, *args.also]) if args.report else ({}, {})
+    b = runs_by_method_seed([args.other])[0] if args.other else a
     for pair in args.pairs:
         method_a, _, method_b = pair.partition(":")
         paired(a, b, method_a, method_b)
     if args.store:
         pruned_shares(args.store)
     if args.curves:
-        curves(args.report)
+        curves(a, a_curves)
     if args.budget:
         budget_history(args.budget)
 

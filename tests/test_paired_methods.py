@@ -1,0 +1,40 @@
+"""benchmarks/paired_methods.py: pairs by seed across several bench reports (`--also`), first report wins."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paired_methods.py"
+
+
+def write_report(path: Path, finals: dict[tuple[str, int], float]) -> Path:
+    runs, curves = [], {}
+    for (method, seed), final in finals.items():
+        run_id = f"bench-{method}-seed{seed}-{path.stem}"
+        runs.append({"run_id": run_id, "method": method, "seed": seed, "final_accuracy": final,
+                     "gain_at_equal_time": final / 2, "train_seconds": 10.0})
+        curves[run_id] = [{"step": 0, "accuracy": 0.5}, {"step": 8, "accuracy": final + 0.1},
+                          {"step": 16, "accuracy": final}]
+    path.write_text(json.dumps({"runs": runs, "curves": curves}))
+    return path
+
+
+def run(*args: str) -> str:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_also_joins_seeds_and_the_first_report_wins(tmp_path):
+    first = write_report(tmp_path / "first.json", {("a", 0): 0.60, ("b", 0): 0.50, ("a", 1): 0.70, ("b", 1): 0.50})
+    second = write_report(tmp_path / "second.json", {("a", 1): 0.90, ("b", 1): 0.50, ("a", 2): 0.80,
+                                                     ("b", 2): 0.50})
+    out = run(str(first), "a:b", "--also", str(second), "--curves")
+    # seed 1 from the first report (0.70, not 0.90): differences 10, 20, 30 points
+    assert "a − b  final_accuracy     per seed [10.0, 20.0, 30.0]  -> +20.00" in out
+    assert "final accuracy over seeds [0, 1, 2]: 0.700" in out
+    assert "largest best − last 10.0 pts" in out and "largest fall between evaluations 10.0 pts" in out
+
+
+def test_without_also_only_the_report_counts(tmp_path):
+    first = write_report(tmp_path / "first.json", {("a", 0): 0.60, ("b", 0): 0.50})
+    assert "per seed [10.0]" in run(str(first), "a:b")

@@ -5,8 +5,9 @@
         [--store /tmp/benchN]
 
 For each pair A:B, per seed, A's final accuracy, gain at equal time (points) and training seconds minus B's, then
-mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`), after each method's mean final accuracy
-over those seeds. `--also` joins more reports' runs to the report's, so a pair spans several benches (the first
+mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`), after each method's mean final accuracy,
+step speed-up (geometric mean of each run's ratio to the GRPO of its own bench, `metrics.ratio_ci`) and rollouts
+sampled over those seeds. `--also` joins more reports' runs to the report's, so a pair spans several benches (the first
 report holding a method and seed gives it). B is looked up in `--other` (another report) when given, else in the
 report and `--also`. With `--store`, every finished run's share of nonzero-advantage
 rollouts pruned beyond A = 0 and copies (reasons LOW_ADVANTAGE / REDUNDANT, copies of such rows included) and the
@@ -52,8 +53,12 @@ def paired(a: dict, b: dict, method_a: str, method_b: str) -> None:
     if not seeds:
         raise SystemExit(f"no seed has both {method_a!r} and {method_b!r}")
     for name, runs, method in (("A", a, method_a), ("B", b, method_b)):
-        finals = [runs[method, s]["final_accuracy"] for s in seeds]
-        print(f"{name} {method:18s} final accuracy over seeds {seeds}: {metrics.mean_ci(finals).text('.3f')}")
+        picked = [runs[method, s] for s in seeds]
+        finals = metrics.mean_ci(run["final_accuracy"] for run in picked)
+        speedup = metrics.ratio_ci(run.get("step_speedup") for run in picked)
+        sampled = metrics.mean_ci(run.get("rollouts_sampled") for run in picked)
+        print(f"{name} {method:18s} final accuracy over seeds {seeds}: {finals.text('.3f')}; step speed-up "
+              f"against its bench's GRPO {speedup.text('.2f', '×')}; rollouts sampled {sampled.text(',.0f')}")
     for key, scale in FIGURES.items():
         diffs = [scale * (a[method_a, s][key] - b[method_b, s][key]) for s in seeds
                  if a[method_a, s][key] is not None and b[method_b, s][key] is not None]

@@ -13,7 +13,8 @@ def write_report(path: Path, finals: dict[tuple[str, int], float]) -> Path:
     for (method, seed), final in finals.items():
         run_id = f"bench-{method}-seed{seed}-{path.stem}"
         runs.append({"run_id": run_id, "method": method, "seed": seed, "final_accuracy": final,
-                     "gain_at_equal_time": final / 2, "train_seconds": 10.0})
+                     "gain_at_equal_time": final / 2, "train_seconds": 10.0,
+                     "step_speedup": 2.0 if method == "a" else 1.0, "rollouts_sampled": 100 * (seed + 1)})
         curves[run_id] = [{"step": 0, "accuracy": 0.5}, {"step": 8, "accuracy": final + 0.1},
                           {"step": 16, "accuracy": final}]
     path.write_text(json.dumps({"runs": runs, "curves": curves}))
@@ -31,7 +32,8 @@ def test_also_joins_seeds_and_the_first_report_wins(tmp_path):
     out = run(str(first), "a:b", "--also", str(second), "--curves")
     # seed 1 from the first report (0.70, not 0.90): differences 10, 20, 30 points
     assert "a − b  final_accuracy     per seed [10.0, 20.0, 30.0]  -> +20.00" in out
-    assert "final accuracy over seeds [0, 1, 2]: 0.700" in out
+    assert "final accuracy over seeds [0, 1, 2]: 0.700 ± 0.248; step speed-up against its bench's GRPO " \
+        "2.00× ± 0.00; rollouts sampled 200 ± 248" in out
     assert "largest best − last 10.0 pts" in out and "largest fall between evaluations 10.0 pts" in out
 
 

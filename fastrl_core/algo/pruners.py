@@ -418,7 +418,8 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     in training: −0.08 ± 0.96 pts at keep 1.0, −0.34 ± 1.25 with the cost rule. The gap to the budget alone
     (−0.56 ± 0.65) is the pruned A = 0 rows' KL term.
     (h) Over 160 steps (docs/bench/paper-long, mean@4), with the budget cutting only decided prompts: FastRL (this
-    coreset with the cost rule) is +1.9 ± 1.1 pts over GRPO per step (10 seeds) and 1.25× cheaper per step; the
+    coreset with the cost rule) is +1.9 ± 1.1 pts over GRPO per step (10 seeds) and 1.25× cheaper per step; with
+    row_cost pinned at 0.013, so runs repeat exactly, +1.4 ± 1.3 (5 seeds, all > 0, docs/bench/paper-long/pinned); the
     budget alone is +2.1 ± 2.3 and 1.19× (5 seeds). Pruning on top adds +0.25 ± 2.08 pts and ~5 % of a step: on
     2 CPU cores the passes it saves are a small share of a step, so the budget, not the pruner, is what pays here.
     """

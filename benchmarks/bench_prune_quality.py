@@ -12,7 +12,8 @@ completions have identical gradients). The full update is g = (1/N) Σ_i g_i (th
 normalised by the batch); a pruner's is ĝ = Σ_kept m_j w_j g_j / Σ_kept m_j (w its loss weights, m the
 multiplicities with duplicate merging, 1 without). Printed per setting (policy × merge × keep ratio), over the
 seeds: mean ± std of cosine(ĝ, g) and of the relative error ||ĝ − g|| / ||g||, the mean kept fraction, and for each
-fastrl variant the number of seeds where its cosine beats CPPO's / PODS's at the same kept counts.
+fastrl variant the number of seeds where its cosine beats CPPO's / PODS's at the same kept counts (closer in
+direction) and where its relative error is below theirs (closer in distance: direction and the step's size).
 
 Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'_g)) (min_keep 2) of the n'_g
 nonzero-advantage rows of group g (gradient matching may keep fewer: it prunes a pick its fit gives no weight);
@@ -204,9 +205,11 @@ def summarise(title: str, per_batch: list[dict]) -> None:
         wins_cppo = sum(b[label][0] > b[cppo][0] for b in per_batch)
         wins_pods = sum(b[label][0] > b[pods][0] for b in per_batch)
         above_official = sum(b[label][0] > b[official][0] for b in per_batch)
+        nearer = [sum(b[label][1] < b[other][1] for b in per_batch) for other in (cppo, pods, official)]
         margin = statistics.mean(b[label][0] - b[cppo][0] for b in per_batch)
         print(f"  {label}: beats CPPO in {wins_cppo}/{n}, PODS in {wins_pods}/{n} at {counts.lstrip('@ ')}, the "
-              f"official rule in {above_official}/{n}; cosine minus CPPO's {margin:+.3f}")
+              f"official rule in {above_official}/{n}; cosine minus CPPO's {margin:+.3f}; smaller relative error "
+              f"than CPPO in {nearer[0]}/{n}, PODS {nearer[1]}/{n}, the official rule {nearer[2]}/{n}")
     margin = statistics.mean(b[official][0] - b[cppo_official][0] for b in per_batch)
     print(f"  fastrl_official minus CPPO at its counts: {margin:+.3f}")
 

@@ -1,0 +1,116 @@
+"""Why CPPO's update points closer to the full one than the coreset's once duplicates are merged: picks or weights?
+
+    .venv/bin/python benchmarks/prune_picks_vs_weights.py [--seeds 100-105] [--keep 0.5,0.25] [--ties 10]
+
+The setting of `bench_prune_quality.py` (same batches: warm start, 16 prompts × 8, per-rollout full-model
+gradients), merged rows only. For the coreset's per-group kept counts it prints the cosine of the kept update to
+the full one (`bench_prune_quality.fidelity`, mean over the batches, and the batches where it beats CPPO's) for:
+- the coreset's picks with its weights, and with weights 1 (is its mass transfer doing anything?);
+- CPPO's picks (top |A|, ties at random) over `--ties` draws of its tie-break: mean, range over draws, and the
+  share of (batch, draw) pairs the coreset beats;
+- fixed rankings per group, with and without one pick per sign present (the coreset's floor): |A|, |A|·‖φ‖
+  (φ the advantage-free sketch, so |A|·‖φ‖ is a row's sketched gradient norm), m|A| and m|A|·‖φ‖ (m its copies).
+Cosines ignore the weights' common scale. A diagnosis, not a selection: it runs on the report seeds of
+`bench_prune_quality.py`, and no rule here was chosen on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bench_prune_quality import at_counts, fidelity, kept_per_group, merged, sample_batch, seed_list
+from fastrl_core.algo.pruners import prune
+from fastrl_core.algo.sketches import make_projection
+from fastrl_core.config import TrainConfig
+from fastrl_core.data.problems import load_problems
+from fastrl_core.data.synthetic import ensure_dataset
+
+
+def ranked(batch, counts: dict[int, int], score: torch.Tensor, sign_floor: bool) -> torch.Tensor:
+    """Per group, the counts[g] nonzero-advantage rows of highest score (ties in row order); with sign_floor the
+    best row of each sign present first.  -> keep (N,) bool."""
+    advantages = batch.advantages.float()
+    keep = torch.zeros(advantages.numel(), dtype=torch.bool)
+    for group, count in counts.items():
+        rows = [i for i in (batch.group_ids == group).nonzero().flatten().tolist() if abs(float(advantages[i])) > 1e-6]
+        order = sorted(rows, key=lambda i: -float(score[i]))
+        picked = [next(i for i in order if (advantages[i] > 0) == sign) for sign in (True, False)
+                  if sign_floor and any((advantages[i] > 0) == sign for i in order)]
+        picked += [i for i in order if i not in picked]
+        keep[picked[:count]] = True
+    assert kept_per_group(batch, keep) == counts
+    return keep
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", default="100-105")
+    parser.add_argument("--keep", default="0.5,0.25")
+    parser.add_argument("--ties", type=int, default=10, help="draws of CPPO's random tie-break per batch")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    from fastrl_core.policy import load_policy
+    from fastrl_core.trainer import make_engine
+
+    work = Path(tempfile.mkdtemp(prefix="prune_picks_vs_weights_"))
+    config = TrainConfig(store_dir=str(work), synthetic_train=512, synthetic_test=64, threads=1, pruner="none",
+                         budget="fixed", eval_every=0, checkpoint_every=0, log_rollouts=False)
+    problems = load_problems(ensure_dataset(work / "data", n_train=512, n_test=64, seed=0) / "train")
+    policy = load_policy("embedded")
+    out = policy.model.get_output_embeddings().weight
+    engine = make_engine(config, policy, make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim,
+                                                         seed=config.seed))
+    keeps = [float(k) for k in args.keep.split(",")]
+    cosines: dict[tuple[float, str], list[float]] = {}
+    draws: dict[float, list[list[float]]] = {k: [] for k in keeps}
+    for seed in seed_list(args.seeds):
+        order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(10_000 + seed))
+        chosen = [problems[i] for i in order[: config.prompts_per_step].tolist()]
+        batch, duplicates, gradients = sample_batch(engine, policy, chosen, seed, config)
+        rows, full = merged(batch, duplicates), gradients.mean(0)
+        row_gradients, copies = gradients[duplicates.unique], duplicates.counts.float()
+
+        def cosine(keep, weights):
+            return fidelity(keep, weights, copies, row_gradients, full)[0]
+
+        magnitude, norm = rows.advantages.float().abs(), rows.sketches.float().norm(dim=1)
+        for keep_ratio in keeps:
+            result = prune("fastrl", rows, keep_ratio=keep_ratio, min_keep=config.min_keep,
+                           generator=torch.Generator().manual_seed(seed))
+            counts = kept_per_group(rows, result.keep_mask)
+            found = {"coreset (default): its picks, its weights": cosine(result.keep_mask, result.weights),
+                     "coreset's picks, weights 1": cosine(result.keep_mask, result.keep_mask.float()),
+                     "CPPO (bench_prune_quality's tie draw)": cosine(*at_counts("cppo", rows, counts, seed))}
+            for label, score in (("|A|", magnitude), ("|A|·‖φ‖", magnitude * norm), ("m|A|", copies * magnitude),
+                                 ("m|A|·‖φ‖", copies * magnitude * norm)):
+                for floor in (False, True):
+                    keep = ranked(rows, counts, score, floor)
+                    found[f"top {label}{', one per sign' if floor else ''}"] = cosine(keep, keep.float())
+            for label, value in found.items():
+                cosines.setdefault((keep_ratio, label), []).append(value)
+            draws[keep_ratio].append([cosine(*at_counts("cppo", rows, counts, 1000 * seed + r))
+                                      for r in range(args.ties)])
+        print(f"seed {seed} done", flush=True)
+    n = len(seed_list(args.seeds))
+    for keep_ratio in keeps:
+        cppo = cosines[keep_ratio, "CPPO (bench_prune_quality's tie draw)"]
+        coreset = cosines[keep_ratio, "coreset (default): its picks, its weights"]
+        print(f"\nmerged, keep {keep_ratio}, warm start ({n} batches): cosine mean | beats CPPO's draw in")
+        for (ratio, label), values in cosines.items():
+            if ratio == keep_ratio:
+                wins = sum(v > c for v, c in zip(values, cppo))
+                print(f"  {label:44s} {statistics.mean(values):.3f} | {wins}/{n}")
+        per_draw = [statistics.mean(b[r] for b in draws[keep_ratio]) for r in range(args.ties)]
+        beaten = sum(c > d for c, batch_draws in zip(coreset, draws[keep_ratio]) for d in batch_draws)
+        print(f"  CPPO over {args.ties} tie draws: mean {statistics.mean(per_draw):.3f}, range of the draws' means "
+              f"{min(per_draw):.3f}-{max(per_draw):.3f}; the coreset beats {beaten} of {n * args.ties} (batch, draw)")
+
+
+if __name__ == "__main__":
+    main()

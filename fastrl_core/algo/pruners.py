@@ -370,10 +370,11 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
         coreset. The coreset's relative error stays 2-3x below CPPO's everywhere (e.g. 0.26 vs 0.74 merged), and
         below CPPO's and PODS's in 6 of 6 batches in every setting (counted 2026-12-03), mostly because it keeps
         the update's size: at its best scale CPPO's error would be sin θ = 0.21 (cosine 0.977). What CPPO's edge
-        in direction is made of (`benchmarks/prune_picks_vs_weights.py`, warm, merged, keep 0.5 | 0.25): not the
-        weights (the coreset's picks with weights 1: 0.965 | 0.962), partly CPPO's random tie-break (over 10
-        draws 0.968-0.979 | 0.945-0.970), and the one-pick-per-sign floor, which costs 0.011-0.015 under every
-        ranking (top |A|·‖φ‖ 0.975 -> 0.962); top m|A| alone is far worse (0.850 | 0.811).
+        in direction is made of (`benchmarks/prune_picks_vs_weights.py`, warm, merged, keep 0.5 | 0.25, report and
+        choose seeds): not the weights (the coreset's picks with weights 1: 0.965 | 0.962), and mostly CPPO's
+        random tie-break: over 10 draws per batch the coreset beats CPPO in 117 of 240 (batch, draw) pairs, so
+        in direction they are level once merged. No fixed ranking (|A|, |A|·‖φ‖, m|A|, m|A|·‖φ‖, with or without
+        one pick per sign) beats both on both seed sets; top m|A| alone is far worse (0.850 | 0.811).
       The authors' rule (`fastrl_official`, 29 / 25 % kept): 0.872 / 0.740 unmerged (CPPO at its counts 0.907 /
         0.911), 0.922 / 0.806 merged (CPPO 0.982 / 0.974); the coreset at its own (lower) counts is above it in
         5-6 of 6 unmerged, 3 / 5 of 6 merged.

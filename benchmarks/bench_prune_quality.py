@@ -107,6 +107,30 @@ def sample_batch(engine, policy, problems, seed: int, config: TrainConfig):
     return batch, duplicates, gradients * advantages[:, None]
 
 
+def setup(work: Path, threads: int) -> tuple[TrainConfig, list]:
+    """The benchmark's config (no pruner, fixed budget, nothing stored) and the synthetic training problems."""
+    config = TrainConfig(store_dir=str(work), synthetic_train=512, synthetic_test=64, threads=threads,
+                         pruner="none", budget="fixed", eval_every=0, checkpoint_every=0, log_rollouts=False)
+    root = ensure_dataset(work / "data", n_train=config.synthetic_train, n_test=config.synthetic_test, seed=0)
+    return config, load_problems(root / "train")
+
+
+def sketching_engine(config: TrainConfig, policy):
+    """The HF engine with the lm_head sketch projection exactly as the trainer builds it."""
+    from fastrl_core.trainer import make_engine
+
+    out = policy.model.get_output_embeddings().weight
+    projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim, seed=config.seed)
+    return make_engine(config, policy, projection)
+
+
+def seed_batch(engine, policy, problems, seed: int, config: TrainConfig):
+    """`sample_batch` on the prompts_per_step problems that `seed` draws: the batch of that seed."""
+    order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(10_000 + seed))
+    chosen = [problems[i] for i in order[: config.prompts_per_step].tolist()]
+    return sample_batch(engine, policy, chosen, seed, config)
+
+
 def merged(batch: GroupBatch, duplicates) -> GroupBatch:
     u = duplicates.unique
     return GroupBatch(batch.group_ids[u], batch.rewards[u], batch.advantages[u], batch.sketches[u],
@@ -228,13 +252,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from fastrl_core.policy import load_policy
-    from fastrl_core.trainer import make_engine
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_prune_quality_"))
-    config = TrainConfig(store_dir=str(work), synthetic_train=512, synthetic_test=64, threads=args.threads,
-                         pruner="none", budget="fixed", eval_every=0, checkpoint_every=0, log_rollouts=False)
-    root = ensure_dataset(work / "data", n_train=config.synthetic_train, n_test=config.synthetic_test, seed=0)
-    problems = load_problems(root / "train")
+    config, problems = setup(work, args.threads)
     wanted = set(args.policies.split(","))
     policies = {"warm start": load_policy("embedded")} if "warm" in wanted else {}
     if "trained" in wanted and args.checkpoint:
@@ -247,13 +267,9 @@ def main() -> None:
             continue
         results: dict[tuple, list] = {}
         for policy_name, policy in policies.items():
-            out = policy.model.get_output_embeddings().weight
-            projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim, seed=config.seed)
-            engine = make_engine(config, policy, projection)
+            engine = sketching_engine(config, policy)
             for seed in seeds:
-                order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(10_000 + seed))
-                chosen = [problems[i] for i in order[: config.prompts_per_step].tolist()]
-                batch, duplicates, gradients = sample_batch(engine, policy, chosen, seed, config)
+                batch, duplicates, gradients = seed_batch(engine, policy, problems, seed, config)
                 for merge in (False, True):
                     for keep in keeps:
                         results.setdefault((policy_name, merge, keep), []).append(

@@ -1,4 +1,4 @@
-"""Why CPPO's update points closer to the full one than the coreset's once duplicates are merged: picks or weights?
+"""What CPPO's edge in direction over the coreset is made of once duplicates are merged: picks, weights or ties?
 
     .venv/bin/python benchmarks/prune_picks_vs_weights.py [--seeds 100-105] [--keep 0.5,0.25] [--ties 10]
 
@@ -10,8 +10,8 @@ the full one (`bench_prune_quality.fidelity`, mean over the batches, and the bat
   share of (batch, draw) pairs the coreset beats;
 - fixed rankings per group, with and without one pick per sign present (the coreset's floor): |A|, |A|·‖φ‖
   (φ the advantage-free sketch, so |A|·‖φ‖ is a row's sketched gradient norm), m|A| and m|A|·‖φ‖ (m its copies).
-Cosines ignore the weights' common scale. A diagnosis, not a selection: it runs on the report seeds of
-`bench_prune_quality.py`, and no rule here was chosen on them.
+Cosines ignore the weights' common scale. A diagnosis, not a selection: run it on both seed sets of
+`bench_prune_quality.py` (report 100-105, the default, and choose 0-5) before reading a ranking as a lead.
 """
 
 from __future__ import annotations
@@ -23,12 +23,9 @@ from pathlib import Path
 
 import torch
 
-from bench_prune_quality import at_counts, fidelity, kept_per_group, merged, sample_batch, seed_list
+from bench_prune_quality import (at_counts, fidelity, kept_per_group, merged, seed_batch, seed_list, setup,
+                                 sketching_engine)
 from fastrl_core.algo.pruners import prune
-from fastrl_core.algo.sketches import make_projection
-from fastrl_core.config import TrainConfig
-from fastrl_core.data.problems import load_problems
-from fastrl_core.data.synthetic import ensure_dataset
 
 
 def ranked(batch, counts: dict[int, int], score: torch.Tensor, sign_floor: bool) -> torch.Tensor:
@@ -39,8 +36,10 @@ def ranked(batch, counts: dict[int, int], score: torch.Tensor, sign_floor: bool)
     for group, count in counts.items():
         rows = [i for i in (batch.group_ids == group).nonzero().flatten().tolist() if abs(float(advantages[i])) > 1e-6]
         order = sorted(rows, key=lambda i: -float(score[i]))
-        picked = [next(i for i in order if (advantages[i] > 0) == sign) for sign in (True, False)
-                  if sign_floor and any((advantages[i] > 0) == sign for i in order)]
+        best_of_sign: dict[bool, int] = {}
+        for i in order:
+            best_of_sign.setdefault(bool(advantages[i] > 0), i)
+        picked = [best_of_sign[sign] for sign in (True, False) if sign in best_of_sign] if sign_floor else []
         picked += [i for i in order if i not in picked]
         keep[picked[:count]] = True
     assert kept_per_group(batch, keep) == counts
@@ -56,23 +55,16 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from fastrl_core.policy import load_policy
-    from fastrl_core.trainer import make_engine
 
-    work = Path(tempfile.mkdtemp(prefix="prune_picks_vs_weights_"))
-    config = TrainConfig(store_dir=str(work), synthetic_train=512, synthetic_test=64, threads=1, pruner="none",
-                         budget="fixed", eval_every=0, checkpoint_every=0, log_rollouts=False)
-    problems = load_problems(ensure_dataset(work / "data", n_train=512, n_test=64, seed=0) / "train")
+    config, problems = setup(Path(tempfile.mkdtemp(prefix="prune_picks_vs_weights_")), threads=1)
     policy = load_policy("embedded")
-    out = policy.model.get_output_embeddings().weight
-    engine = make_engine(config, policy, make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim,
-                                                         seed=config.seed))
+    engine = sketching_engine(config, policy)
     keeps = [float(k) for k in args.keep.split(",")]
+    seeds = seed_list(args.seeds)
     cosines: dict[tuple[float, str], list[float]] = {}
     draws: dict[float, list[list[float]]] = {k: [] for k in keeps}
-    for seed in seed_list(args.seeds):
-        order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(10_000 + seed))
-        chosen = [problems[i] for i in order[: config.prompts_per_step].tolist()]
-        batch, duplicates, gradients = sample_batch(engine, policy, chosen, seed, config)
+    for seed in seeds:
+        batch, duplicates, gradients = seed_batch(engine, policy, problems, seed, config)
         rows, full = merged(batch, duplicates), gradients.mean(0)
         row_gradients, copies = gradients[duplicates.unique], duplicates.counts.float()
 
@@ -97,7 +89,7 @@ def main() -> None:
             draws[keep_ratio].append([cosine(*at_counts("cppo", rows, counts, 1000 * seed + r))
                                       for r in range(args.ties)])
         print(f"seed {seed} done", flush=True)
-    n = len(seed_list(args.seeds))
+    n = len(seeds)
     for keep_ratio in keeps:
         cppo = cosines[keep_ratio, "CPPO (bench_prune_quality's tie draw)"]
         coreset = cosines[keep_ratio, "coreset (default): its picks, its weights"]

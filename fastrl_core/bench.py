@@ -295,7 +295,8 @@ def headline_table(summary) -> str:
 
 
 def cost_table(steps, per_run) -> tuple[str, list[dict]]:
-    """`metrics.phase_costs` over every step of the bench, and the fixed share of a GRPO step it implies."""
+    """`metrics.phase_costs` over every step of the bench, the fixed share of a GRPO step it implies and the step
+    speed-ups it allows (`metrics.step_ceilings`)."""
     costs = metrics.phase_costs(steps)
     lines = ["| phase | scales with | fixed s/step | ms per rollout | r² | steps |", "|---|---|---|---|---|---|"]
     for _, c in costs.iterrows():
@@ -309,6 +310,14 @@ def cost_table(steps, per_run) -> tuple[str, list[dict]]:
                   f"({grpo['rollouts_sampled'].mean():.0f} sampled, {grpo['rollouts_kept'].mean():.0f} kept per "
                   f"step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three phases "
                   f"({fixed / fitted:.0%}): no pruner or budget goes below them on this model and machine."]
+        step = per_run.loc[per_run["method"] == "grpo", "seconds_per_step"].mean()
+        sampled = grpo["rollouts_sampled"].mean()
+        ceiling, left = metrics.step_ceilings(costs, step, sampled, grpo["rollouts_kept"].mean())
+        if math.isfinite(ceiling):
+            lines[-1] += (f" Against GRPO's mean step ({step:.3f} s), a pruner that kept no row at all would step "
+                          f"{ceiling:.2f}× faster; a 2.5× step would also need "
+                          + (f"sampling at most {left:.0f} of the {sampled:.0f} rollouts ({left / sampled - 1:+.0%})."
+                             if left > 0 else "sampling none: out of reach on these lines."))
     return "\n".join(lines), _records(costs)
 
 

@@ -398,3 +398,18 @@ def phase_costs(steps: pd.DataFrame) -> pd.DataFrame:
                      "r2": float(r2), "steps": int(len(x))})
     return pd.DataFrame(rows)
 
+
+def step_ceilings(costs: pd.DataFrame, step_seconds: float, sampled: float, kept: float,
+                  target: float = 2.5) -> tuple[float, float]:
+    """What the `phase_costs` lines allow against a baseline step of `step_seconds` with `sampled` rollouts
+    generated and `kept` rows passed: (the step speed-up if no row were kept at all, every kept row's log-prob and
+    update seconds gone and generation unchanged; the rollouts per step left to sample when no row is kept and the
+    step is `target`× faster, negative where even sampling none would not get there). NaNs without fitted lines."""
+    per = costs.set_index("phase")["per_rollout"]
+    per_kept = sum(float(per[phase]) for phase, count in COST_COUNTS.items() if count == "rollouts_kept")
+    per_sampled = sum(float(per[phase]) for phase, count in COST_COUNTS.items() if count == "rollouts_sampled")
+    nothing_kept = step_seconds - per_kept * kept
+    if not (math.isfinite(nothing_kept) and math.isfinite(per_sampled) and nothing_kept > 0 and per_sampled > 0):
+        return math.nan, math.nan
+    return step_seconds / nothing_kept, sampled - (nothing_kept - step_seconds / target) / per_sampled
+

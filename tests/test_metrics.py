@@ -196,6 +196,18 @@ def test_phase_costs_by_hand():
     assert math.isnan(costs.loc["update", "fixed"]) and math.isnan(costs.loc["logprob", "r2"])
 
 
+def test_step_ceilings_by_hand():
+    """1 s steps, 40 kept rows at 2 + 3 ms, 128 sampled at 4 ms: keeping none saves 0.2 s (1.25×); a 2.5× step
+    (0.4 s) needs 0.4 s more off generation, 100 rollouts fewer; a 10× step would need 175 fewer than 128."""
+    costs = pd.DataFrame({"phase": ["generate", "logprob", "update"], "fixed": [0.1, 0.0, 0.1],
+                          "per_rollout": [0.004, 0.002, 0.003]})
+    ceiling, left = metrics.step_ceilings(costs, 1.0, sampled=128, kept=40)
+    assert ceiling == pytest.approx(1.25) and left == pytest.approx(28)
+    assert metrics.step_ceilings(costs, 1.0, sampled=128, kept=40, target=10.0)[1] == pytest.approx(-47)
+    unfitted = costs.assign(per_rollout=[math.nan, 0.002, 0.003])
+    assert all(math.isnan(v) for v in metrics.step_ceilings(unfitted, 1.0, sampled=128, kept=40))
+
+
 def test_phase_costs_r2_of_a_noisy_line():
     """y = 1 + 2x + e with e orthogonal to x: slope and intercept exact, r2 = 1 - var(e) / var(y)."""
     x = np.array([0.0, 1.0, 2.0, 3.0])

@@ -1,7 +1,7 @@
 """Pruning quality on real rollouts: how close each pruner's kept, weighted update is to the full batch's update.
 
     .venv/bin/python benchmarks/bench_prune_quality.py [--train-steps 40] [--checkpoint RUN_DIR/checkpoints/ID]
-        [--choose-seeds 0-5] [--report-seeds 100-105] [--threads 1] [--policies warm,trained]
+        [--choose-seeds 0-5] [--report-seeds 100-105] [--ties 10] [--threads 1] [--policies warm,trained]
 
 For two policies — the shipped warm start (`load_policy("embedded")`) and a partly trained one (`--train-steps`
 GRPO steps of the trainer on the embedded default, or `--checkpoint`) — and for each seed: 16 prompts × 8
@@ -10,10 +10,16 @@ builds it (sketch_dim 256, top-K 64, seed 0); rewards and GRPO advantages as in 
 full-model gradient g_i = ∇_θ A_i Σ_t log π(y_t) by autograd (one backward per distinct completion; identical
 completions have identical gradients). The full update is g = (1/N) Σ_i g_i (the trainer's sequence-sum loss
 normalised by the batch); a pruner's is ĝ = Σ_kept m_j w_j g_j / Σ_kept m_j (w its loss weights, m the
-multiplicities with duplicate merging, 1 without). Printed per setting (policy × merge × keep ratio), over the
-seeds: mean ± std of cosine(ĝ, g) and of the relative error ||ĝ − g|| / ||g||, the mean kept fraction, and for each
-fastrl variant the number of seeds where its cosine beats CPPO's / PODS's at the same kept counts (closer in
-direction) and where its relative error is below theirs (closer in distance: direction and the step's size).
+multiplicities with duplicate merging, 1 without).
+
+Every pruner breaks ties by its generator's random slot order, and with ~3 distinct completions per group ties
+are common (CPPO's cosine moves by up to 0.025 with the draw), so each batch is measured over `--ties` draws: each
+draw reseeds every pruner (the first draw uses the batch seed) and runs the baselines at that draw's fastrl counts.
+Printed per setting (policy × merge × keep ratio): mean ± std over the batches of the per-batch mean over the draws
+of cosine(ĝ, g) and of the relative error ||ĝ − g|| / ||g||, the mean kept fraction, and for each fastrl variant
+against CPPO / PODS at the same kept counts and the official rule: the batches where its mean over the draws is
+closer (higher cosine: direction) and nearer (lower relative error: direction and the step's size), and the share
+of (batch, its draw, their draw) pairs where it is.
 
 Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'_g)) (min_keep 2) of the n'_g
 nonzero-advantage rows of group g (gradient matching may keep fewer: it prunes a pick its fit gives no weight);
@@ -34,6 +40,7 @@ import argparse
 import math
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -162,32 +169,64 @@ def at_counts(name: str, batch: GroupBatch, counts: dict[int, int], seed: int) -
     return keep, weights
 
 
-def fidelity(keep: torch.Tensor, weights: torch.Tensor, multiplicity: torch.Tensor, rows: torch.Tensor,
-             full: torch.Tensor) -> tuple[float, float]:
-    """cosine and relative error of ĝ = Σ_kept m w g / Σ_kept m against `full`; rows = gradients of the batch."""
-    scale = torch.where(keep, multiplicity * weights, 0.0)
-    update = (scale[:, None] * rows).sum(0) / torch.where(keep, multiplicity, 0.0).sum().clamp(min=1e-30)
-    cosine = float(torch.nn.functional.cosine_similarity(update.double(), full.double(), dim=0))
-    return cosine, float((update - full).norm() / full.norm().clamp(min=1e-30))
+@dataclass
+class Geometry:
+    """A batch's update geometry in float64: the Gram matrix (n, n) of its rows' gradients and the rows'
+    multiplicities (n,). The full update is g = Σ m_i g_i / Σ m_i, so the cosine and error of any kept, weighted
+    update cost O(n²) here instead of O(n·P) over the P parameters."""
+    gram: torch.Tensor
+    multiplicity: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, multiplicity: torch.Tensor) -> Geometry:
+        """rows (n, P): the rows' gradients; multiplicity (n,): their copies (1 without merging)."""
+        rows = rows.double()
+        return cls(rows @ rows.T, multiplicity.double())
+
+    def fidelity(self, keep: torch.Tensor, weights: torch.Tensor) -> tuple[float, float]:
+        """cosine and relative error ||ĝ − g|| / ||g|| of ĝ = Σ_kept m w g / Σ_kept m against the full update g."""
+        m = self.multiplicity
+        mine = torch.where(keep, m * weights.double(), 0.0) / torch.where(keep, m, 0.0).sum().clamp(min=1e-30)
+        full = m / m.sum()
+        norm = lambda c: float(c @ self.gram @ c) ** 0.5  # noqa: E731  ||Σ c_i g_i||
+        cross = float(mine @ self.gram @ full)
+        return cross / max(norm(mine) * norm(full), 1e-300), norm(mine - full) / max(norm(full), 1e-300)
 
 
-def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_ratio: float, merge: bool,
-                   min_keep: int, seed: int) -> dict[str, tuple[float, float, float]]:
-    """method -> (cosine, relative error, kept fraction of the sampled rollouts)."""
-    full = gradients.mean(0)
-    if merge:
-        work = merged(batch, duplicates)
-        rows, multiplicity = gradients[duplicates.unique], duplicates.counts.float()
-    else:
-        work, rows, multiplicity = batch, gradients, torch.ones(len(gradients))
-    sampled = len(gradients)
+@dataclass
+class Fidelity:
+    """One method on one batch, over the tie draws: cosine(ĝ, g) and ||ĝ − g|| / ||g|| per draw."""
+    cosines: list[float]
+    errors: list[float]
+    kept: float  # kept fraction of the sampled rollouts, mean over the draws
+    at: str = ""  # for a fastrl variant: the key suffix of the baselines run at its counts
+
+    @property
+    def cosine(self) -> float:
+        return statistics.mean(self.cosines)
+
+    @property
+    def error(self) -> float:
+        return statistics.mean(self.errors)
+
+
+def tie_seeds(seed: int, ties: int) -> list[int]:
+    """The generator seeds of a batch's tie draws; the first is the batch seed (the single draw of earlier runs)."""
+    return [seed] + [1000 * seed + r for r in range(1, ties)]
+
+
+def evaluate_draw(work: GroupBatch, geometry: Geometry, sampled: int, keep_ratio: float, min_keep: int,
+                  seed: int) -> dict[str, tuple]:
+    """One tie draw (every pruner's generator seeded `seed`): method -> (cosine, relative error, kept fraction,
+    for a fastrl variant the key suffix of the baselines at its counts, else "")."""
     out = {}
 
     def record(label, keep, weights):
-        cosine, error = fidelity(keep, weights, multiplicity, rows, full)
-        out[label] = (cosine, error, int(keep.sum()) / sampled)
+        cosine, error = geometry.fidelity(keep, weights)
+        out[label] = (cosine, error, int(keep.sum()) / sampled, "")
 
-    record("none (full batch)", torch.ones(len(rows), dtype=torch.bool), torch.ones(len(rows)))
+    rows = work.group_ids.numel()
+    record("none (full batch)", torch.ones(rows, dtype=torch.bool), torch.ones(rows))
     done: dict[tuple, tuple] = {}  # (baseline, per-group counts) -> its record at those counts
     for index, (label, options) in enumerate(FASTRL_VARIANTS.items()):
         result = prune("fastrl", work, keep_ratio=keep_ratio, min_keep=min_keep,
@@ -196,7 +235,7 @@ def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_
         counts = kept_per_group(work, result.keep_mask)
         # the baselines at exactly these counts; only the default's are table rows ("@" keys are not printed)
         at = "fastrl's counts" if index == 0 else f"@ the counts of {label}"
-        out[label] += (at,)
+        out[label] = out[label][:3] + (at,)
         for name in ("cppo", "pods", "random") if index == 0 else ("cppo", "pods"):
             key = (name, tuple(sorted(counts.items())))
             if key not in done:
@@ -209,32 +248,60 @@ def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_
     return out
 
 
-def summarise(title: str, per_batch: list[dict]) -> None:
+def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_ratio: float, merge: bool,
+                   min_keep: int, seeds: list[int]) -> dict[str, Fidelity]:
+    """method -> its Fidelity over the tie draws `seeds` (every pruner breaks ties by its generator's slot order,
+    so each draw reruns them all; a draw's CPPO / PODS run at that draw's fastrl counts)."""
+    if merge:
+        work, geometry = merged(batch, duplicates), Geometry.of(gradients[duplicates.unique], duplicates.counts)
+    else:
+        work, geometry = batch, Geometry.of(gradients, torch.ones(len(gradients)))
+    draws = [evaluate_draw(work, geometry, len(gradients), keep_ratio, min_keep, s) for s in seeds]
+    return {label: Fidelity([d[label][0] for d in draws], [d[label][1] for d in draws],
+                            statistics.mean(d[label][2] for d in draws), draws[0][label][3])
+            for label in draws[0]}
+
+
+def beats(per_batch: list[dict[str, Fidelity]], label: str, other: str, nearer: bool = False) -> tuple[int, float]:
+    """(batches where `label`'s mean over the draws beats `other`'s, share of the (batch, draw, draw) pairs where a
+    draw of `label` beats a draw of `other`); beating is a higher cosine, or with `nearer` a smaller error."""
+    def better(a: float, b: float) -> bool:
+        return a < b if nearer else a > b
+
+    def values(f: Fidelity) -> list[float]:
+        return f.errors if nearer else f.cosines
+
+    batches = sum(better(statistics.mean(values(b[label])), statistics.mean(values(b[other]))) for b in per_batch)
+    pairs = [better(x, y) for b in per_batch for x in values(b[label]) for y in values(b[other])]
+    return batches, sum(pairs) / len(pairs)
+
+
+def summarise(title: str, per_batch: list[dict[str, Fidelity]]) -> None:
     methods = [m for m in per_batch[0] if " @ @ " not in m]  # baselines at a non-default variant's counts
-    print(f"\n{title}  ({len(per_batch)} batches)")
+    draws = len(per_batch[0][methods[0]].cosines)
+    print(f"\n{title}  ({len(per_batch)} batches × {draws} tie draws; means over the draws, then over the batches)")
     print(f"| {'method':44s} | cosine mean ± std | rel. error mean ± std | kept |")
     print(f"|{'-' * 46}|-------------------|-----------------------|------|")
+    spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
     for method in methods:
-        cos = [b[method][0] for b in per_batch]
-        err = [b[method][1] for b in per_batch]
-        kept = statistics.mean(b[method][2] for b in per_batch)
-        spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
+        cos = [b[method].cosine for b in per_batch]
+        err = [b[method].error for b in per_batch]
+        kept = statistics.mean(b[method].kept for b in per_batch)
         print(f"| {method:44s} | {statistics.mean(cos):.3f} ± {spread(cos):.3f}     | "
               f"{statistics.mean(err):.3f} ± {spread(err):.3f}         | {kept:.2f} |")
     official, cppo_official = "fastrl_official (own count)", "cppo @ official's counts"
     n = len(per_batch)
     for label in FASTRL_VARIANTS:
-        counts = per_batch[0][label][3]  # the baselines ran at the variant's own per-group counts
+        counts = per_batch[0][label].at  # the baselines ran at the variant's own per-group counts
         cppo, pods = f"cppo @ {counts}", f"pods @ {counts}"
-        wins_cppo = sum(b[label][0] > b[cppo][0] for b in per_batch)
-        wins_pods = sum(b[label][0] > b[pods][0] for b in per_batch)
-        above_official = sum(b[label][0] > b[official][0] for b in per_batch)
-        nearer = [sum(b[label][1] < b[other][1] for b in per_batch) for other in (cppo, pods, official)]
-        margin = statistics.mean(b[label][0] - b[cppo][0] for b in per_batch)
-        print(f"  {label}: beats CPPO in {wins_cppo}/{n}, PODS in {wins_pods}/{n} at {counts.lstrip('@ ')}, the "
-              f"official rule in {above_official}/{n}; cosine minus CPPO's {margin:+.3f}; smaller relative error "
-              f"than CPPO in {nearer[0]}/{n}, PODS {nearer[1]}/{n}, the official rule {nearer[2]}/{n}")
-    margin = statistics.mean(b[official][0] - b[cppo_official][0] for b in per_batch)
+        closer = [beats(per_batch, label, other) for other in (cppo, pods, official)]
+        nearer = [beats(per_batch, label, other, nearer=True) for other in (cppo, pods, official)]
+        margin = statistics.mean(b[label].cosine - b[cppo].cosine for b in per_batch)
+        said = lambda r: f"{r[0]}/{n} ({100 * r[1]:.0f} % of draw pairs)"  # noqa: E731
+        print(f"  {label}: closer than CPPO in {said(closer[0])}, PODS {said(closer[1])} at "
+              f"{counts.lstrip('@ ')}, the official rule {said(closer[2])}; cosine minus CPPO's {margin:+.3f}; "
+              f"nearer than CPPO in {said(nearer[0])}, PODS {said(nearer[1])}, the official rule {said(nearer[2])}")
+    margin = statistics.mean(b[official].cosine - b[cppo_official].cosine for b in per_batch)
     print(f"  fastrl_official minus CPPO at its counts: {margin:+.3f}")
 
 
@@ -246,6 +313,7 @@ def main() -> None:
     parser.add_argument("--report-seeds", default="100-105")
     parser.add_argument("--keep", default="0.5,0.25")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--ties", type=int, default=10, help="tie draws per batch (every pruner's generator seed)")
     parser.add_argument("--policies", default="warm,trained", help="which of warm (start), trained to measure")
     parser.add_argument("--work", default=None, help="directory for the dataset and the training run (temp dir)")
     args = parser.parse_args()
@@ -273,7 +341,8 @@ def main() -> None:
                 for merge in (False, True):
                     for keep in keeps:
                         results.setdefault((policy_name, merge, keep), []).append(
-                            evaluate_batch(batch, duplicates, gradients, keep, merge, config.min_keep, seed))
+                            evaluate_batch(batch, duplicates, gradients, keep, merge, config.min_keep,
+                                           tie_seeds(seed, args.ties)))
         print(f"\n===== {phase} seeds {seeds} =====")
         for (policy_name, merge, keep), per_batch in results.items():
             summarise(f"[{phase}] {policy_name}, merge {'on' if merge else 'off'}, keep {keep}", per_batch)

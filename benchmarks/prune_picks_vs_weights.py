@@ -4,7 +4,8 @@
 
 The setting of `bench_prune_quality.py` (same batches: warm start, 16 prompts × 8, per-rollout full-model
 gradients), merged rows only. For the coreset's per-group kept counts it prints the cosine of the kept update to
-the full one (`bench_prune_quality.fidelity`, mean over the batches, and the batches where it beats CPPO's) for:
+the full one (`bench_prune_quality.Geometry.fidelity`, mean over the batches, and the batches where it beats
+CPPO's) for:
 - the coreset's picks with its weights, and with weights 1 (is its mass transfer doing anything?);
 - CPPO's picks (top |A|, ties at random) over `--ties` draws of its tie-break: mean, range over draws, and the
   share of (batch, draw) pairs the coreset beats;
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench_prune_quality import (at_counts, fidelity, kept_per_group, merged, seed_batch, seed_list, setup,
+from bench_prune_quality import (Geometry, at_counts, kept_per_group, merged, seed_batch, seed_list, setup,
                                  sketching_engine)
 from fastrl_core.algo.pruners import prune
 
@@ -65,11 +66,11 @@ def main() -> None:
     draws: dict[float, list[list[float]]] = {k: [] for k in keeps}
     for seed in seeds:
         batch, duplicates, gradients = seed_batch(engine, policy, problems, seed, config)
-        rows, full = merged(batch, duplicates), gradients.mean(0)
-        row_gradients, copies = gradients[duplicates.unique], duplicates.counts.float()
+        rows, copies = merged(batch, duplicates), duplicates.counts.float()
+        geometry = Geometry.of(gradients[duplicates.unique], copies)
 
         def cosine(keep, weights):
-            return fidelity(keep, weights, copies, row_gradients, full)[0]
+            return geometry.fidelity(keep, weights)[0]
 
         magnitude, norm = rows.advantages.float().abs(), rows.sketches.float().norm(dim=1)
         for keep_ratio in keeps:

@@ -353,39 +353,41 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     reweighting 0.79 (unbiased but noisy); coreset (euclidean / cosine) 0.97 / 0.97.
     (b) Real rollouts, full-model gradients (`benchmarks/bench_prune_quality.py --train-steps 40`; 16 prompts × 8
     of the synthetic task, the shipped warm start and the policy after 40 GRPO steps; cosine of the kept weighted
-    update Σ_kept m w g / Σ_kept m to the full batch's; CPPO and PODS run per group at exactly fastrl's counts).
+    update Σ_kept m w g / Σ_kept m to the full batch's; CPPO and PODS run per group at exactly fastrl's counts;
+    every figure a mean over 10 draws of the pruners' random tie-break, docs/bench/prune-quality/report.txt).
     Rules were compared on choose seeds 0-5; the figures below are the disjoint report seeds 100-105, as
     "warm / trained" means, with the kept share of the sampled rollouts:
-      without merging, keep 0.5 (46 / 39 % kept): this coreset 1.000 / 1.000 (relative error 0.01 / 0.005), CPPO
-        0.968 / 0.979, PODS 0.962 / 0.926, random 0.865 / 0.766, the DPP 0.937 / 0.932; the coreset beats CPPO
-        and PODS in 6 of 6 batches for both policies (it keeps one copy of each frequent completion and gives
-        it the copies' mass: exact when the picks cover every distinct completion);
-      without merging, keep 0.25 (23 / 20 %): coreset 0.963 / 0.952, CPPO 0.871 / 0.901, PODS 0.855 / 0.717,
-        DPP 0.851 / 0.713; beats CPPO and PODS 6 of 6 for both;
+      without merging, keep 0.5 (46 / 40 % kept): this coreset 1.000 / 1.000 (relative error 0.010 / 0.013),
+        CPPO 0.964 / 0.975, PODS 0.959 / 0.912, random 0.785 / 0.748, the DPP 0.939 / 0.929; the coreset beats
+        CPPO and PODS in 6 of 6 batches for both policies (it keeps one copy of each frequent completion and
+        gives it the copies' mass: exact when the picks cover every distinct completion);
+      without merging, keep 0.25 (23 / 20 %): coreset 0.963 / 0.937, CPPO 0.863 / 0.867, PODS 0.834 / 0.820,
+        DPP 0.833 / 0.753; beats CPPO 6 / 4 of 6 and PODS 6 / 6;
       merged (rows = distinct completions; 39 / 32 % of the sampled), keep 0.5 (24 / 20 % kept): coreset
-        0.966 / 0.952, CPPO 0.977 / 0.938, PODS 0.935 / 0.783; beats CPPO in only 1 / 3 of 6, PODS 5 / 6 of 6;
-        keep 0.25 (23 / 20 %): 0.963 / 0.952 vs CPPO 0.953 / 0.937: 2 / 3 of 6 against CPPO. With a row per
-        distinct completion and ~3 of them per group, min_keep leaves little to choose, and CPPO's top-|A| on
-        distinct rows is then as good: merging makes CPPO much better (0.871 -> 0.953 at ~23 %), not the
-        coreset. The coreset's relative error stays 2-3x below CPPO's everywhere (e.g. 0.26 vs 0.74 merged), and
-        below CPPO's and PODS's in 6 of 6 batches in every setting (counted 2026-12-03), mostly because it keeps
-        the update's size: at its best scale CPPO's error would be sin θ = 0.21 (cosine 0.977). What CPPO's edge
-        in direction is made of (`benchmarks/prune_picks_vs_weights.py`, warm, merged, keep 0.5 | 0.25, report and
-        choose seeds): not the weights (the coreset's picks with weights 1: 0.965 | 0.962), and mostly CPPO's
-        random tie-break: over 10 draws per batch the coreset beats CPPO in 117 of 240 (batch, draw) pairs, so
-        in direction they are level once merged. No fixed ranking (|A|, |A|·‖φ‖, m|A|, m|A|·‖φ‖, with or without
-        one pick per sign) beats both on both seed sets; top m|A| alone is far worse (0.850 | 0.811).
-      The authors' rule (`fastrl_official`, 29 / 25 % kept): 0.872 / 0.740 unmerged (CPPO at its counts 0.907 /
-        0.911), 0.922 / 0.806 merged (CPPO 0.982 / 0.974); the coreset at its own (lower) counts is above it in
-        5-6 of 6 unmerged, 3 / 5 of 6 merged.
+        0.966 / 0.937, CPPO 0.972 / 0.943, PODS 0.943 / 0.894; beats CPPO in only 2 / 3 of 6, PODS 5 / 6 of 6;
+        keep 0.25 (23 / 20 %): 0.963 / 0.937 vs CPPO 0.956 / 0.943: 3 / 3 of 6 against CPPO. Over both seed
+        sets and policies it beats CPPO in 13 of 24 batches at keep 0.5 and 16 of 24 at keep 0.25, and in half
+        the (batch, draw, draw) pairs: level in direction. With a row per distinct completion and ~3 of them
+        per group, min_keep leaves little to choose, and CPPO's top-|A| on distinct rows is then as good:
+        merging makes CPPO much better (0.863 -> 0.956 at ~23 %), not the coreset. The coreset's relative error
+        stays 2-3x below CPPO's everywhere (e.g. 0.26 vs 0.74 merged) and below CPPO's and PODS's in 6 of 6
+        batches in every setting, mostly because it keeps the update's size: at its best scale CPPO's error
+        would be sin θ ≈ 0.23 (cosine 0.972). What CPPO's edge in direction on the report seeds is made of
+        (`benchmarks/prune_picks_vs_weights.py`, warm, merged, keep 0.5 | 0.25, report and choose seeds): not
+        the weights (the coreset's picks with weights 1: 0.965 | 0.962), and mostly CPPO's random tie-break.
+        No fixed ranking (|A|, |A|·‖φ‖, m|A|, m|A|·‖φ‖, with or without one pick per sign) beats both on both
+        seed sets; top m|A| alone is far worse (0.850 | 0.811).
+      The authors' rule (`fastrl_official`, 29 / 25 % kept): 0.848 / 0.831 unmerged (CPPO at its counts 0.902 /
+        0.891), 0.947 / 0.919 merged (CPPO 0.980 / 0.957); the coreset at its own (lower) counts is above it in
+        6 of 6 unmerged, 3 / 5 of 6 merged.
     Variants measured and not kept (report seeds, warm / trained, without merging, keep 0.5 | 0.25): with sign
-    caps 0.996 / 0.979 | 0.950 / 0.901 (on choose seeds, trained, keep 0.25: 4 of 6 vs CPPO, uncapped 6 of 6:
+    caps 0.996 / 0.969 | 0.950 / 0.857 (on choose seeds, trained, keep 0.25: 5 of 6 vs CPPO, uncapped 6 of 6:
     why caps are off); euclidean_scaled (CRAIG on |A|-scaled sketches, ω = m) with caps equal to euclidean with
-    caps; mass='own' (weights 1, no transfer) 0.972 / 0.960 | 0.860 / 0.867; cosine similarity 0.989 / 0.943 |
-    0.793 / 0.667, and merged far worse (0.776 / 0.701 at keep 0.5): distinct completions' exact last-layer
+    caps; mass='own' (weights 1, no transfer) 0.972 / 0.946 | 0.860 / 0.773; cosine similarity 0.989 / 0.948 |
+    0.760 / 0.812, and merged far worse (0.800 / 0.819 at keep 0.5): distinct completions' exact last-layer
     cosines are mostly negative (tests/test_sketches.py), and a first version that also gave a rollout the mass
     of rollouts at similarity <= 0 lost to random when merged (0.907 vs 0.933, choose seeds); sign-capped top
-    m|A| (similarity 'identity') 0.960 / 0.929 | 0.879 / 0.727. So what makes the update faithful here is that
+    m|A| (similarity 'identity') 0.958 / 0.927 | 0.844 / 0.817. So what makes the update faithful here is that
     each kept rollout carries the mass of the rollouts it nearly equals, measured with sketch NORMS (euclidean),
     not directions alone; diversity for its own sake (the DPP) does not help.
     (c) In training (`fastrl bench --config configs/paper.yaml`, docs/bench/paper, 3-5 seeds): with duplicates
@@ -395,10 +397,10 @@ def fastrl(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: in
     from GRPO's beyond seed noise.
     (d) Gradient matching (`selection='matching'`, GradMatch: OMP picks, bounded least-squares weights) and the
     zero sum restored (`mass='sign'`), same benchmark and report seeds, warm / trained. Merged, keep 0.5 (24 /
-    20 % kept): matching 0.984 / 0.945, zero sum 0.901 / 0.928, against CPPO 0.977 / 0.938 and this coreset
-    0.966 / 0.952. Matching beats CPPO in 5 / 4 of 6 and PODS in 6 / 6; keep 0.25 gives the same. Unmerged it
-    beats both in 6 of 6, except 5 of 6 against CPPO for the trained policy at keep 0.25. Its relative error is
-    0.19 / 0.28 merged, against CPPO's 0.74 / 0.83. The gain comes from letting a row stand for rollouts of the
+    20 % kept): matching 0.984 / 0.935, zero sum 0.901 / 0.888, against CPPO 0.972 / 0.943 and this coreset
+    0.966 / 0.937. Matching beats CPPO in 5 / 3 of 6 and PODS in 6 / 5; keep 0.25 gives the same (choose seeds:
+    5-6 of 6 against CPPO for both policies). Unmerged it beats both in 6 of 6, except 5 of 6 against CPPO for
+    the trained policy at keep 0.25. Its relative error is 0.19 / 0.31 merged, against CPPO's 0.74 / 0.80. The gain comes from letting a row stand for rollouts of the
     other sign: capped at its own sign's mass, matching falls to 0.949 against CPPO's 0.968 (choose seeds,
     warm, merged, keep 0.5). In training both end lower than this coreset (5 seeds each):
     - matching at 0.785 ± 0.014, −2.0 ± 0.8 pts against GRPO, with late dips to 0.70-0.72

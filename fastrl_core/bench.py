@@ -57,6 +57,9 @@ METHODS: dict[str, list[str]] = {
     "fastrl_pinned": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=0.013"],
     "fastrl_cut": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured", CUT],
     "adaptive_cut": ["pruner=none", "budget=adaptive", CUT],
+    # a milder rule 3: a mixed prompt at p = 1/2 gets 6 of 8 rollouts (5 at 0.9), one at p <= 0.3 keeps all 8
+    "fastrl_cut95": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
+                     "budget_args.informative_target=0.95"],
     "fastrl_ratio": ["pruner=fastrl", "budget=adaptive", CUT],  # the coreset at the config's keep ratio (0.5)
     "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=coreset"],  # facility loc.
     "fastrl_matching": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=matching"],  # grad. matching

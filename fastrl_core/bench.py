@@ -60,6 +60,10 @@ METHODS: dict[str, list[str]] = {
     # a milder rule 3: a mixed prompt at p = 1/2 gets 6 of 8 rollouts (5 at 0.9), one at p <= 0.3 keeps all 8
     "fastrl_cut95": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
                      "budget_args.informative_target=0.95"],
+    # the same, with the rollouts rule 3 saves spent on further prompts (up to 32) instead: as many rollouts as GRPO,
+    # spread over more groups; tells whether the cut lost accuracy for the 7th/8th rollouts or for the step's size
+    "fastrl_cut95_fill": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
+                          "budget_args.informative_target=0.95", "max_prompts_per_step=32"],
     "fastrl_ratio": ["pruner=fastrl", "budget=adaptive", CUT],  # the coreset at the config's keep ratio (0.5)
     "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=coreset"],  # facility loc.
     "fastrl_matching": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=matching"],  # grad. matching

@@ -221,6 +221,10 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
 
     if config.row_cost is not None:
         updates["row_cost"] = _check_row_cost(config.row_cost, config.pruner, where)
+    if 0 < config.max_prompts_per_step < config.prompts_per_step:
+        raise ConfigError(f"{where('max_prompts_per_step', 'prompts_per_step')}max_prompts_per_step="
+                          f"{config.max_prompts_per_step} is below prompts_per_step={config.prompts_per_step}; valid: 0 "
+                          f"(no filling) or >= {config.prompts_per_step}")
     if config.eval_samples and not config.eval_every:
         raise ConfigError(f"{where('eval_samples', 'eval_every')}eval_samples={config.eval_samples} needs "
                           "eval_every >= 1: with eval_every=0 the run is never evaluated")

@@ -62,6 +62,10 @@ class TrainConfig:
     steps: int = option(100, "training steps (one rollout batch and updates_per_step optimiser updates each)", bounds=">= 1")
     time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)", bounds=">= 0")
     prompts_per_step: int = option(16, "prompts sampled per step", bounds=">= 1")
+    max_prompts_per_step: int = option(0, "0 = every step samples prompts_per_step prompts; M > prompts_per_step = "
+                                       "when the budget gives them fewer than prompts_per_step*rollouts_per_prompt "
+                                       "rollouts, the step takes further prompts (up to M, within the epoch) while "
+                                       "the total fits (GRESO's refill)", bounds=">= 0")
     rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per "
                                       "prompt", bounds=">= 1")
     max_new_tokens: int = option(32, "maximum completion length in tokens", bounds=">= 1")

@@ -1,7 +1,8 @@
 """The FastRL training loop: orchestration only, one call into a pure module per numbered step.
 
 Each step (README "The algorithm"):
-  1. budget    -- rollouts per prompt from the budget controller's state            (algo.budgets)
+  1. budget    -- the step's prompts from the stream, rollouts per prompt from the budget controller's
+                  state; with max_prompts_per_step, more prompts while the rollouts fit P·n   (algo.budgets)
   2. sample    -- generate rollouts; the lm_head gradient sketch rides on generate   (engines)
   3. reward    -- format + accuracy reward per rollout                               (rewards)
   4. advantage -- group advantages over groups of unequal size                      (algo.advantages)
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -99,20 +100,52 @@ class PhaseTimer:
 
 
 class PromptSampler:
-    """Deterministic prompt order: a fresh seeded permutation per epoch; step s takes the next P prompts."""
+    """Deterministic prompt stream. Epoch e is a fresh seeded permutation of the N problems cut to whole steps of P
+    (E = (N // P)·P prompts; the last N mod P of each permutation are not used); stream position c is entry
+    c mod E of epoch c // E's permutation. Step s without filling reads positions [s·P, (s+1)·P); with filling
+    the trainer keeps the position (`advance`)."""
 
     def __init__(self, num_problems: int, prompts_per_step: int, seed: int) -> None:
         if num_problems < prompts_per_step:
             raise ValueError(f"dataset has {num_problems} problems, fewer than prompts_per_step={prompts_per_step}")
         self.n, self.per_step, self.seed = num_problems, prompts_per_step, seed
         self.steps_per_epoch = num_problems // prompts_per_step
+        self.epoch_length = self.steps_per_epoch * prompts_per_step
+
+    def window(self, cursor: int, size: int) -> list[int]:
+        """Problem indices at stream positions [cursor, cursor + size), cut at the end of cursor's epoch."""
+        epoch, within = divmod(cursor, self.epoch_length)
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+        return order[within : min(within + size, self.epoch_length)].tolist()
+
+    def advance(self, cursor: int, taken: int) -> int:
+        """The cursor after a step read `taken` prompts from `cursor`. What is left of the epoch when it is too
+        short for a step (fewer than P prompts, only possible with filling) is dropped, as DataLoader's drop_last
+        drops the last N mod P of each permutation: a step never has fewer than P prompts."""
+        cursor += taken
+        left = -cursor % self.epoch_length
+        return cursor + left if left < self.per_step else cursor
+
+    def ends_epoch(self, stop: int) -> bool:
+        """Whether a step that read the stream up to position `stop` (exclusive) finished an epoch."""
+        return stop > 0 and stop % self.epoch_length == 0
 
     def batch(self, step: int) -> tuple[list[int], bool]:
-        """Problem indices for `step` and whether the step ends an epoch."""
-        epoch, within = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
-        start = within * self.per_step
-        return order[start : start + self.per_step].tolist(), within == self.steps_per_epoch - 1
+        """Problem indices for `step` without filling and whether the step ends an epoch."""
+        start = step * self.per_step
+        return self.window(start, self.per_step), self.ends_epoch(start + self.per_step)
+
+
+def fill_prompts(counts: Sequence[int], first: int, budget: int) -> int:
+    """How many prompts of a window a step takes, given the budget's counts for the window: the `first` always, then
+    further ones in order while the step's rollouts stay within `budget` (it stops at the first that would
+    overflow it, and once the budget is spent)."""
+    taken, total = min(first, len(counts)), sum(counts[:first])
+    for count in counts[taken:]:
+        if total >= budget or total + count > budget:
+            break
+        taken, total = taken + 1, total + count
+    return taken
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -192,6 +225,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.budget_state = budget_init(config.budget, n=config.rollouts_per_prompt, **config.budget_args)
         self.step, self.train_seconds, self._last_store = 0, 0.0, (0.0, 0.0)
+        self.cursor = 0  # the prompt stream's next position (PromptSampler)
         self.pass_costs: list[tuple[int, float, float]] = []  # last steps: rows kept, log-prob + update s, step s
         self._images: dict[str, tuple[str, bytes]] = {}
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
@@ -208,13 +242,11 @@ class Trainer:
     def train_step(self) -> dict:
         config, step, timer = self.config, self.step, PhaseTimer()
         seed = step_seed(config.seed, step)
-        indices, epoch_end = self.sampler.batch(step)
-        problems = [self.train_set[i] for i in indices]
-        prompt_ids = [p.id for p in problems]
         model = self.policy.model
 
-        # 1. budget: rollouts per prompt
-        counts = budget_allocate(config.budget, self.budget_state, prompt_ids)
+        # 1. budget: the step's prompts and rollouts per prompt
+        problems, counts, epoch_end = self.choose_prompts()
+        prompt_ids = [p.id for p in problems]
 
         # 2. sample (the lm_head sketch accumulates inside generate when a projection is set)
         with timer.phase("generate"):
@@ -345,6 +377,22 @@ class Trainer:
         self.step += 1
         return {"step": step, **rows.step_row}
 
+    def choose_prompts(self) -> tuple[list[Problem], list[int], bool]:
+        """Step 1: the step's problems from the stream at `cursor`, the budget's rollout counts for them, and
+        whether the step ends an epoch; moves the cursor past them. Without filling (max_prompts_per_step 0): the
+        next P prompts. With M = max_prompts_per_step > P: the budget's counts for the next M (never past the
+        epoch's end), of which the step takes the first P and then more while its rollouts fit in P·n
+        (`fill_prompts`): rollouts the budget saves on decided or well-understood prompts go to further prompts,
+        as GRESO refills its batch (Zheng et al. 2025, arXiv 2506.02177). The fixed budget fills nothing."""
+        config = self.config
+        size = max(config.max_prompts_per_step, config.prompts_per_step)
+        indices = self.sampler.window(self.cursor, size)
+        problems = [self.train_set[i] for i in indices]
+        counts = budget_allocate(config.budget, self.budget_state, [p.id for p in problems])
+        taken = fill_prompts(counts, config.prompts_per_step, config.prompts_per_step * config.rollouts_per_prompt)
+        self.cursor = self.sampler.advance(self.cursor, taken)
+        return problems[:taken], counts[:taken], self.sampler.ends_epoch(self.cursor)
+
     def row_cost(self) -> float | None:
         """Step 6's ρ (algo.costs): config `row_cost` as given, or with 'measured' fitted on the last
         COST_WINDOW steps' phase times (None until the fit exists: the keep ratio alone decides)."""
@@ -436,7 +484,8 @@ class Trainer:
         tmp.mkdir(parents=True)
         save_policy(self.policy, tmp / "policy")
         torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step, "train_seconds": self.train_seconds,
-                    "python_random": random.getstate(), "pass_costs": self.pass_costs}, tmp / "trainer.pt")
+                    "python_random": random.getstate(), "pass_costs": self.pass_costs, "cursor": self.cursor},
+                   tmp / "trainer.pt")
         (tmp / "budget.json").write_text(json.dumps(self.budget_state))
         if final.exists():
             shutil.rmtree(final)
@@ -455,6 +504,7 @@ class Trainer:
         self.step, self.train_seconds = state["step"], state["train_seconds"]
         random.setstate(state["python_random"])
         self.pass_costs = state.get("pass_costs", [])  # absent in checkpoints written before row_cost
+        self.cursor = state.get("cursor", self.step * self.config.prompts_per_step)  # absent before filling
         self.budget_state = json.loads((path / "budget.json").read_text())
 
 

@@ -413,3 +413,54 @@ def test_trainer_runs_with_skipped_prompts(tmp_path):
     assert len(read_rollouts(tmp_path, run_id)) == steps["rollouts_sampled"].sum()
     assert json.loads(json.dumps(trainer.budget_state)) == trainer.budget_state
     assert all(trainer.budget_state["prompts"][p]["streak"] == 3 for p in first[:3])  # skipped: unchanged
+
+
+def _forced_greso_trainer(store, **extra):
+    """A greso trainer whose step-0 prompts 0-2 and step-1 prompts are forced skipped (streak 3, p_e = 0)."""
+    from fastrl_core.config import load_config
+    from fastrl_core.trainer import Trainer
+
+    overrides = {"store_dir": str(store), "steps": 3, "prompts_per_step": 8, "rollouts_per_prompt": 4,
+                 "eval_every": 0, "checkpoint_every": 0, "threads": 1, "synthetic_train": 64, "synthetic_test": 16,
+                 "eval_size": 16, "budget": "greso", "pruner": "fastrl", **extra}
+    trainer = Trainer(load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in overrides.items()]),
+                      progress=False)
+    stream = [trainer.train_set[i].id for i in trainer.sampler.window(0, 64)]
+    trainer.budget_state["p_easy"] = trainer.budget_state["p_hard"] = 0.0
+    trainer.budget_state["prompts"] = {p: {"streak": 3, "easy": True} for p in stream[:3]}
+    return trainer, stream
+
+
+def test_trainer_fills_the_step_with_further_prompts_and_resumes_exactly(tmp_path):
+    """max_prompts_per_step=12 with 8 prompts × 4: three of step 0's prompts are skipped, so the step takes
+    further prompts from the stream while its rollouts fit in 32: 8 + 3 prompts, 32 rollouts; the next step starts
+    after them. A run stopped after step 1 and resumed from its checkpoint reads the same prompts at step 2."""
+    from fastrl_core.store import read_groups, read_steps
+    from fastrl_core.trainer import Trainer
+
+    trainer, stream = _forced_greso_trainer(tmp_path / "a", max_prompts_per_step=12)
+    run_id = trainer.run()
+    steps = read_steps(tmp_path / "a", run_id)
+    assert steps["rollouts_sampled"].tolist() == [32, 32, 32]
+    groups = read_groups(tmp_path / "a", run_id)
+    step0 = groups[groups["step"] == 0]
+    assert step0["prompt_id"].tolist() == stream[:11] and step0["sampled"].tolist() == [0] * 3 + [4] * 8
+    assert groups[groups["step"] == 1]["prompt_id"].tolist() == stream[11:19]
+    assert trainer.cursor == 27
+
+    first, _ = _forced_greso_trainer(tmp_path / "b", max_prompts_per_step=12)
+    first.train_step()
+    first.train_step()
+    first.save_checkpoint()
+    resumed = Trainer(first.config, resume=first.writer.run_id, progress=False)
+    assert resumed.cursor == 19
+    resumed.run()
+    again = read_groups(tmp_path / "b", resumed.writer.run_id)
+    assert again[again["step"] == 2]["prompt_id"].tolist() == groups[groups["step"] == 2]["prompt_id"].tolist()
+
+
+def test_fill_below_prompts_per_step_is_refused():
+    from fastrl_core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="max_prompts_per_step=4 is below prompts_per_step=8"):
+        load_config("configs/embedded.yaml", ["prompts_per_step=8", "max_prompts_per_step=4"])

@@ -13,7 +13,7 @@ from fastrl_core.config import ConfigError, load_config
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.store import read_evals, read_rollouts, read_runs, read_steps
-from fastrl_core.trainer import PromptSampler, Trainer, load_datasets
+from fastrl_core.trainer import PromptSampler, Trainer, fill_prompts, load_datasets
 
 
 def _config(store, **overrides):
@@ -75,6 +75,23 @@ def test_prompt_sampler_is_a_permutation_per_epoch():
     assert sampler.batch(2)[1] and not sampler.batch(1)[1]
     with pytest.raises(ValueError, match="fewer than prompts_per_step"):
         PromptSampler(2, 3, seed=0)
+
+
+def test_prompt_stream_windows_match_the_steps_and_stop_at_the_epoch_end():
+    sampler = PromptSampler(10, 3, seed=1)  # epochs of 9 stream positions: the 10th problem is left out
+    assert sampler.window(0, 9) == [i for step in range(3) for i in sampler.batch(step)[0]]
+    assert sampler.window(9, 3) == sampler.batch(3)[0] and sampler.window(9, 3) != sampler.window(0, 3)
+    assert sampler.window(7, 5) == sampler.window(0, 9)[7:]  # cut at the epoch's end, not wrapped into the next
+    assert [sampler.ends_epoch(stop) for stop in (0, 8, 9, 17, 18)] == [False, False, True, False, True]
+    assert [sampler.advance(0, 3), sampler.advance(0, 5), sampler.advance(0, 7), sampler.advance(3, 6)] == [3, 5, 9, 9]
+
+
+def test_fill_prompts_takes_the_first_then_what_fits():
+    assert fill_prompts([8, 8, 8], first=2, budget=16) == 2
+    assert fill_prompts([0, 2, 8, 4, 2, 2], first=2, budget=16) == 5  # 2 + 8 + 4 + 2 = 16: spent
+    assert fill_prompts([0, 2, 8, 8, 2], first=2, budget=16) == 3  # the second 8 overflows: stop, in stream order
+    assert fill_prompts([4, 0, 0, 8], first=1, budget=8) == 3  # skipped prompts cost nothing and are passed
+    assert fill_prompts([4], first=2, budget=16) == 1  # a window cut short by the epoch's end
 
 
 class SnapshotEngine:

@@ -35,11 +35,11 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -102,15 +102,14 @@ class PhaseTimer:
 class PromptSampler:
     """Deterministic prompt stream. Epoch e is a fresh seeded permutation of the N problems cut to whole steps of P
     (E = (N // P)·P prompts; the last N mod P of each permutation are not used); stream position c is entry
-    c mod E of epoch c // E's permutation. Step s without filling reads positions [s·P, (s+1)·P); with filling
-    the trainer keeps the position (`advance`)."""
+    c mod E of epoch c // E's permutation. The trainer keeps its position (`Trainer.cursor`); without filling,
+    step s reads positions [s·P, (s+1)·P)."""
 
     def __init__(self, num_problems: int, prompts_per_step: int, seed: int) -> None:
         if num_problems < prompts_per_step:
             raise ValueError(f"dataset has {num_problems} problems, fewer than prompts_per_step={prompts_per_step}")
         self.n, self.per_step, self.seed = num_problems, prompts_per_step, seed
-        self.steps_per_epoch = num_problems // prompts_per_step
-        self.epoch_length = self.steps_per_epoch * prompts_per_step
+        self.epoch_length = num_problems // prompts_per_step * prompts_per_step
 
     def window(self, cursor: int, size: int) -> list[int]:
         """Problem indices at stream positions [cursor, cursor + size), cut at the end of cursor's epoch."""
@@ -129,11 +128,6 @@ class PromptSampler:
     def ends_epoch(self, stop: int) -> bool:
         """Whether a step that read the stream up to position `stop` (exclusive) finished an epoch."""
         return stop > 0 and stop % self.epoch_length == 0
-
-    def batch(self, step: int) -> tuple[list[int], bool]:
-        """Problem indices for `step` without filling and whether the step ends an epoch."""
-        start = step * self.per_step
-        return self.window(start, self.per_step), self.ends_epoch(start + self.per_step)
 
 
 def fill_prompts(counts: Sequence[int], first: int, budget: int) -> int:

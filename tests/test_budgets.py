@@ -386,23 +386,31 @@ def test_registry_lists_every_controller():
 # ----------------------------------------------------------------------------------------------- in training
 
 
+def _greso_trainer(store, skipped: list[int], **extra):
+    """A 3-step greso trainer on the tiny model (8 prompts × 4) whose prompts at stream positions `skipped` are
+    forced skipped (streak 3, p_e = 0: skip probability 1); returns it and the first epoch's prompt ids in order."""
+    from fastrl_core.config import load_config
+    from fastrl_core.trainer import Trainer
+
+    overrides = {"store_dir": str(store), "steps": 3, "prompts_per_step": 8, "rollouts_per_prompt": 4,
+                 "eval_every": 0, "checkpoint_every": 0, "threads": 1, "synthetic_train": 64, "synthetic_test": 16,
+                 "eval_size": 16, "budget": "greso", "pruner": "fastrl", **extra}
+    trainer = Trainer(load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in overrides.items()]),
+                      progress=False)
+    stream = [trainer.train_set[i].id for i in trainer.sampler.window(0, 64)]
+    trainer.budget_state["p_easy"] = trainer.budget_state["p_hard"] = 0.0
+    trainer.budget_state["prompts"] = {stream[i]: {"streak": 3, "easy": True} for i in skipped}
+    return trainer, stream
+
+
 def test_trainer_runs_with_skipped_prompts(tmp_path):
     """3 real steps of the tiny model with `greso`, three of step 0's eight prompts forced skipped (p_e = 0:
     skip probability 1): they get 0 rollouts, 0 kept and a store row each; the step trains on the rest; the
     budget's state stays JSON; a step whose prompts would all be skipped still samples one."""
-    from fastrl_core.config import load_config
     from fastrl_core.store import read_groups, read_rollouts, read_steps
-    from fastrl_core.trainer import Trainer
 
-    overrides = {"store_dir": str(tmp_path), "steps": 3, "prompts_per_step": 8, "rollouts_per_prompt": 4,
-                 "eval_every": 0, "checkpoint_every": 0, "threads": 1, "synthetic_train": 64, "synthetic_test": 16,
-                 "eval_size": 16, "budget": "greso", "pruner": "fastrl"}
-    trainer = Trainer(load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in overrides.items()]),
-                      progress=False)
-    first = [trainer.train_set[i].id for i in trainer.sampler.batch(0)[0]]
-    second = [trainer.train_set[i].id for i in trainer.sampler.batch(1)[0]]
-    trainer.budget_state["p_easy"] = trainer.budget_state["p_hard"] = 0.0
-    trainer.budget_state["prompts"] = {p: {"streak": 3, "easy": True} for p in first[:3] + second}
+    trainer, stream = _greso_trainer(tmp_path, [0, 1, 2, *range(8, 16)])  # step 1: all eight
+    first = stream[:8]
     run_id = trainer.run()
 
     steps = read_steps(tmp_path, run_id)
@@ -415,22 +423,6 @@ def test_trainer_runs_with_skipped_prompts(tmp_path):
     assert all(trainer.budget_state["prompts"][p]["streak"] == 3 for p in first[:3])  # skipped: unchanged
 
 
-def _forced_greso_trainer(store, **extra):
-    """A greso trainer whose step-0 prompts 0-2 and step-1 prompts are forced skipped (streak 3, p_e = 0)."""
-    from fastrl_core.config import load_config
-    from fastrl_core.trainer import Trainer
-
-    overrides = {"store_dir": str(store), "steps": 3, "prompts_per_step": 8, "rollouts_per_prompt": 4,
-                 "eval_every": 0, "checkpoint_every": 0, "threads": 1, "synthetic_train": 64, "synthetic_test": 16,
-                 "eval_size": 16, "budget": "greso", "pruner": "fastrl", **extra}
-    trainer = Trainer(load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in overrides.items()]),
-                      progress=False)
-    stream = [trainer.train_set[i].id for i in trainer.sampler.window(0, 64)]
-    trainer.budget_state["p_easy"] = trainer.budget_state["p_hard"] = 0.0
-    trainer.budget_state["prompts"] = {p: {"streak": 3, "easy": True} for p in stream[:3]}
-    return trainer, stream
-
-
 def test_trainer_fills_the_step_with_further_prompts_and_resumes_exactly(tmp_path):
     """max_prompts_per_step=12 with 8 prompts × 4: three of step 0's prompts are skipped, so the step takes
     further prompts from the stream while its rollouts fit in 32: 8 + 3 prompts, 32 rollouts; the next step starts
@@ -438,7 +430,7 @@ def test_trainer_fills_the_step_with_further_prompts_and_resumes_exactly(tmp_pat
     from fastrl_core.store import read_groups, read_steps
     from fastrl_core.trainer import Trainer
 
-    trainer, stream = _forced_greso_trainer(tmp_path / "a", max_prompts_per_step=12)
+    trainer, stream = _greso_trainer(tmp_path / "a", [0, 1, 2], max_prompts_per_step=12)
     run_id = trainer.run()
     steps = read_steps(tmp_path / "a", run_id)
     assert steps["rollouts_sampled"].tolist() == [32, 32, 32]
@@ -448,7 +440,7 @@ def test_trainer_fills_the_step_with_further_prompts_and_resumes_exactly(tmp_pat
     assert groups[groups["step"] == 1]["prompt_id"].tolist() == stream[11:19]
     assert trainer.cursor == 27
 
-    first, _ = _forced_greso_trainer(tmp_path / "b", max_prompts_per_step=12)
+    first, _ = _greso_trainer(tmp_path / "b", [0, 1, 2], max_prompts_per_step=12)
     first.train_step()
     first.train_step()
     first.save_checkpoint()

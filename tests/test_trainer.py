@@ -70,17 +70,22 @@ def test_resume_continues_exactly(tmp_path):
 
 def test_prompt_sampler_is_a_permutation_per_epoch():
     sampler = PromptSampler(10, 3, seed=1)
-    seen = [i for step in range(3) for i in sampler.batch(step)[0]]
+    seen = [i for step in range(3) for i in sampler.window(3 * step, 3)]
     assert len(set(seen)) == 9
-    assert sampler.batch(2)[1] and not sampler.batch(1)[1]
+    assert sampler.ends_epoch(3 * 3) and not sampler.ends_epoch(2 * 3)
     with pytest.raises(ValueError, match="fewer than prompts_per_step"):
         PromptSampler(2, 3, seed=0)
 
 
 def test_prompt_stream_windows_match_the_steps_and_stop_at_the_epoch_end():
+    """Without filling, step s reads what the sampler gave step s before the stream existed (so older runs and
+    benches repeat): epoch s // 3's permutation, seeded seed·7919 + epoch, entries [(s mod 3)·3, +3)."""
     sampler = PromptSampler(10, 3, seed=1)  # epochs of 9 stream positions: the 10th problem is left out
-    assert sampler.window(0, 9) == [i for step in range(3) for i in sampler.batch(step)[0]]
-    assert sampler.window(9, 3) == sampler.batch(3)[0] and sampler.window(9, 3) != sampler.window(0, 3)
+    for step in range(7):
+        epoch, within = divmod(step, 3)
+        order = torch.randperm(10, generator=torch.Generator().manual_seed(1 * 7919 + epoch)).tolist()
+        assert sampler.window(3 * step, 3) == order[3 * within : 3 * within + 3]
+    assert sampler.window(9, 3) != sampler.window(0, 3)
     assert sampler.window(7, 5) == sampler.window(0, 9)[7:]  # cut at the epoch's end, not wrapped into the next
     assert [sampler.ends_epoch(stop) for stop in (0, 8, 9, 17, 18)] == [False, False, True, False, True]
     assert [sampler.advance(0, 3), sampler.advance(0, 5), sampler.advance(0, 7), sampler.advance(3, 6)] == [3, 5, 9, 9]
@@ -195,7 +200,7 @@ def test_one_update_per_step_is_the_single_update_over_every_kept_rollout(tmp_pa
     row = trainer.train_step()
 
     rollouts, decision = seen["rollouts"], seen["decision"]
-    problems = [trainer.train_set[i] for i in trainer.sampler.batch(0)[0]]
+    problems = [trainer.train_set[i] for i in trainer.sampler.window(0, trainer.config.prompts_per_step)]
     kept = decision.keep_mask.nonzero().squeeze(1)
     with torch.no_grad():
         ref = trainer.engine.token_logprobs(trainer.reference, problems, rollouts, kept)

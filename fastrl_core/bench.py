@@ -64,6 +64,10 @@ METHODS: dict[str, list[str]] = {
     # spread over more groups; tells whether the cut lost accuracy for the 7th/8th rollouts or for the step's size
     "fastrl_cut95_fill": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
                           "budget_args.informative_target=0.95", "max_prompts_per_step=32"],
+    # the refill at FastRL's rollout count instead of GRPO's (0.8 of 16 x 8): more groups of fewer rollouts for
+    # the same generation; tells whether spreading the rollouts beats FastRL's 8 per mixed prompt
+    "fastrl_cut95_fill80": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
+                            "budget_args.informative_target=0.95", "max_prompts_per_step=32", "rollouts_per_step=102"],
     "fastrl_ratio": ["pruner=fastrl", "budget=adaptive", CUT],  # the coreset at the config's keep ratio (0.5)
     "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=coreset"],  # facility loc.
     "fastrl_matching": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=matching"],  # grad. matching

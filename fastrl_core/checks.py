@@ -225,6 +225,10 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
         raise ConfigError(f"{where('max_prompts_per_step', 'prompts_per_step')}max_prompts_per_step="
                           f"{config.max_prompts_per_step} is below prompts_per_step={config.prompts_per_step}; valid: 0 "
                           f"(no filling) or >= {config.prompts_per_step}")
+    if config.rollouts_per_step and not config.max_prompts_per_step:
+        raise ConfigError(f"{where('rollouts_per_step', 'max_prompts_per_step')}rollouts_per_step="
+                          f"{config.rollouts_per_step} needs max_prompts_per_step >= prompts_per_step: without "
+                          "filling every step takes prompts_per_step prompts whatever its total")
     if config.eval_samples and not config.eval_every:
         raise ConfigError(f"{where('eval_samples', 'eval_every')}eval_samples={config.eval_samples} needs "
                           "eval_every >= 1: with eval_every=0 the run is never evaluated")

@@ -66,6 +66,9 @@ class TrainConfig:
                                        "when the budget gives them fewer than prompts_per_step*rollouts_per_prompt "
                                        "rollouts, the step takes further prompts (up to M, within the epoch) while "
                                        "the total fits (GRESO's refill)", bounds=">= 0")
+    rollouts_per_step: int = option(0, "with max_prompts_per_step: the rollout total further prompts fill a step up "
+                                    "to (0 = prompts_per_step*rollouts_per_prompt); the first prompts_per_step "
+                                    "prompts are always taken", bounds=">= 0")
     rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per "
                                       "prompt", bounds=">= 1")
     max_new_tokens: int = option(32, "maximum completion length in tokens", bounds=">= 1")

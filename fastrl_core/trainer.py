@@ -2,7 +2,7 @@
 
 Each step (README "The algorithm"):
   1. budget    -- the step's prompts from the stream, rollouts per prompt from the budget controller's
-                  state; with max_prompts_per_step, more prompts while the rollouts fit P·n   (algo.budgets)
+                  state; with max_prompts_per_step, more prompts while the rollouts fit rollouts_per_step (algo.budgets)
   2. sample    -- generate rollouts; the lm_head gradient sketch rides on generate   (engines)
   3. reward    -- format + accuracy reward per rollout                               (rewards)
   4. advantage -- group advantages over groups of unequal size                      (algo.advantages)
@@ -375,15 +375,17 @@ class Trainer:
         """Step 1: the step's problems from the stream at `cursor`, the budget's rollout counts for them, and
         whether the step ends an epoch; moves the cursor past them. Without filling (max_prompts_per_step 0): the
         next P prompts. With M = max_prompts_per_step > P: the budget's counts for the next M (never past the
-        epoch's end), of which the step takes the first P and then more while its rollouts fit in P·n
-        (`fill_prompts`): rollouts the budget saves on decided or well-understood prompts go to further prompts,
-        as GRESO refills its batch (Zheng et al. 2025, arXiv 2506.02177). The fixed budget fills nothing."""
+        epoch's end), of which the step takes the first P and then more while its rollouts fit in
+        `rollouts_per_step` (default P·n) (`fill_prompts`): rollouts the budget saves on decided or well-understood
+        prompts go to further prompts, as GRESO refills its batch (Zheng et al. 2025, arXiv 2506.02177). The fixed
+        budget fills nothing below P·n."""
         config = self.config
         size = max(config.max_prompts_per_step, config.prompts_per_step)
         indices = self.sampler.window(self.cursor, size)
         problems = [self.train_set[i] for i in indices]
         counts = budget_allocate(config.budget, self.budget_state, [p.id for p in problems])
-        taken = fill_prompts(counts, config.prompts_per_step, config.prompts_per_step * config.rollouts_per_prompt)
+        total = config.rollouts_per_step or config.prompts_per_step * config.rollouts_per_prompt
+        taken = fill_prompts(counts, config.prompts_per_step, total)
         self.cursor = self.sampler.advance(self.cursor, taken)
         return problems[:taken], counts[:taken], self.sampler.ends_epoch(self.cursor)
 

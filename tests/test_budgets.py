@@ -451,8 +451,28 @@ def test_trainer_fills_the_step_with_further_prompts_and_resumes_exactly(tmp_pat
     assert again[again["step"] == 2]["prompt_id"].tolist() == groups[groups["step"] == 2]["prompt_id"].tolist()
 
 
+def test_fill_up_to_a_lower_total_still_takes_the_first_prompts(tmp_path):
+    """rollouts_per_step=24 below 8 prompts × 4: step 0 (three prompts skipped, 20 rollouts) takes one further
+    prompt up to 24; steps 1 and 2 give their first 8 prompts all 32 rollouts, and take no more."""
+    from fastrl_core.store import read_groups, read_steps
+
+    trainer, stream = _greso_trainer(tmp_path, [0, 1, 2], max_prompts_per_step=12, rollouts_per_step=24)
+    run_id = trainer.run()
+    assert read_steps(tmp_path, run_id)["rollouts_sampled"].tolist() == [24, 32, 32]
+    groups = read_groups(tmp_path, run_id)
+    assert groups[groups["step"] == 0]["prompt_id"].tolist() == stream[:9]
+    assert groups[groups["step"] == 1]["prompt_id"].tolist() == stream[9:17]
+
+
 def test_fill_below_prompts_per_step_is_refused():
     from fastrl_core.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="max_prompts_per_step=4 is below prompts_per_step=8"):
         load_config("configs/embedded.yaml", ["prompts_per_step=8", "max_prompts_per_step=4"])
+
+
+def test_a_fill_total_without_filling_is_refused():
+    from fastrl_core.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="rollouts_per_step=96 needs max_prompts_per_step"):
+        load_config("configs/embedded.yaml", ["rollouts_per_step=96"])

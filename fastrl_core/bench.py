@@ -65,7 +65,8 @@ METHODS: dict[str, list[str]] = {
     "fastrl_cut95_fill": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
                           "budget_args.informative_target=0.95", "max_prompts_per_step=32"],
     # the refill at FastRL's rollout count instead of GRPO's (0.8 of 16 x 8): more groups of fewer rollouts for
-    # the same generation; tells whether spreading the rollouts beats FastRL's 8 per mixed prompt
+    # the same generation; tells whether spreading the rollouts beats FastRL's 8 per mixed prompt (it does not:
+    # docs/bench/paper-long/fill80)
     "fastrl_cut95_fill80": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
                             "budget_args.informative_target=0.95", "max_prompts_per_step=32", "rollouts_per_step=102"],
     "fastrl_ratio": ["pruner=fastrl", "budget=adaptive", CUT],  # the coreset at the config's keep ratio (0.5)

@@ -441,12 +441,14 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     time (docs/bench/paper-decided, run as informative_target 0.99, which keeps all 8). Rule 3 saves time at
     about the rate it loses accuracy per step and gains nothing at equal time, hence off by default. Over 160
     steps with the fastrl pruner (docs/bench/paper-long and its cut95/, two machines): off −20 % rollouts,
-    +2.4 ± 1.8 pts per step; 0.95 −32 %, −1.9 ± 1.9; 0.9 −44 %, −2.9 ± 2.3. The loss is the step's sample size:
-    0.95 with its savings spent on further prompts (the trainer's max_prompts_per_step=32, as many rollouts as
-    GRPO) is +2.4 ± 2.2 per step, level with rule 3 off (docs/bench/paper-long/fill). Why no rule cuts much more
-    there without cutting mixed groups: over a GRPO run of that config (seed 0, 1,280 groups) only 7 % of groups
-    are decided and 16 % are mixed with one rare outcome (1 of 8); 77 % are at 2–6 of 8 correct, and each
-    quarter of the run is within 3.5 pts of that (`fastrl train --method grpo configs/paper.yaml
+    +2.4 ± 1.8 pts per step; 0.95 −32 %, −1.9 ± 1.9; 0.9 −44 %, −2.9 ± 2.3. The cut rollouts are worth more on
+    their mixed prompt than on further ones: 0.95 with its savings spent on further prompts (the trainer's
+    max_prompts_per_step=32) up to GRPO's total is +2.4 ± 2.2 per step, level with rule 3 off, which samples
+    20 % fewer (docs/bench/paper-long/fill); up to rule 3 off's total (rollouts_per_step=102) it is −1.1 ± 1.7
+    behind rule 3 off per step and −1.3 ± 0.6 at equal time (docs/bench/paper-long/fill80). Why no rule cuts
+    much more there without cutting mixed groups: over a GRPO run of that config (seed 0, 1,280 groups) only
+    7 % of groups are decided and 16 % are mixed with one rare outcome (1 of 8); 77 % are at 2–6 of 8 correct,
+    and each quarter of the run is within 3.5 pts of that (`fastrl train --method grpo configs/paper.yaml
     eval_every=0 eval_samples=0 store_dir=S`, then `benchmarks/paired_methods.py --budget S`).
     """
     params = state["params"]

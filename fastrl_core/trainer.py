@@ -376,7 +376,7 @@ class Trainer:
         whether the step ends an epoch; moves the cursor past them. Without filling (max_prompts_per_step 0): the
         next P prompts. With M = max_prompts_per_step > P: the budget's counts for the next M (never past the
         epoch's end), of which the step takes the first P and then more while its rollouts fit in
-        `rollouts_per_step` (default P·n) (`fill_prompts`): rollouts the budget saves on decided or well-understood
+        `rollouts_per_step` (default P·n; `fill_prompts`): rollouts the budget saves on decided or well-understood
         prompts go to further prompts, as GRESO refills its batch (Zheng et al. 2025, arXiv 2506.02177). The fixed
         budget fills nothing below P·n."""
         config = self.config

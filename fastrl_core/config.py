@@ -63,9 +63,9 @@ class TrainConfig:
     time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)", bounds=">= 0")
     prompts_per_step: int = option(16, "prompts sampled per step", bounds=">= 1")
     max_prompts_per_step: int = option(0, "0 = every step samples prompts_per_step prompts; M > prompts_per_step = "
-                                       "when the budget gives them fewer than prompts_per_step*rollouts_per_prompt "
-                                       "rollouts, the step takes further prompts (up to M, within the epoch) while "
-                                       "the total fits (GRESO's refill)", bounds=">= 0")
+                                       "when the budget gives them fewer than rollouts_per_step rollouts, the step "
+                                       "takes further prompts (up to M, within the epoch) while the total fits "
+                                       "(GRESO's refill)", bounds=">= 0")
     rollouts_per_step: int = option(0, "with max_prompts_per_step: the rollout total further prompts fill a step up "
                                     "to (0 = prompts_per_step*rollouts_per_prompt); the first prompts_per_step "
                                     "prompts are always taken", bounds=">= 0")

@@ -2,7 +2,7 @@
 
 Each step (README "The algorithm"):
   1. budget    -- the step's prompts from the stream, rollouts per prompt from the budget controller's
-                  state; with max_prompts_per_step, more prompts while the rollouts fit rollouts_per_step (algo.budgets)
+                  state; with max_prompts_per_step, more prompts up to rollouts_per_step (algo.budgets)
   2. sample    -- generate rollouts; the lm_head gradient sketch rides on generate   (engines)
   3. reward    -- format + accuracy reward per rollout                               (rewards)
   4. advantage -- group advantages over groups of unequal size                      (algo.advantages)

@@ -137,10 +137,11 @@ def vlm_rollouts(tmp_path_factory):
     """Real rollouts of the shipped warm start: 8 synthetic prompts × 8, the HF engine with the lm_head sketch
     projection and top-K exactly as the trainer builds them (TrainConfig defaults), and the exact output-layer
     gradient of Σ_t log π(y_t) per rollout by autograd through W (the lm_head input h captured by a hook on the
-    re-scoring forward, so the gradient is that of the output layer alone, tied embeddings or not)."""
+    re-scoring forward's decoder, so the gradient is that of the output layer alone, tied embeddings or not)."""
     from fastrl_core.config import TrainConfig
     from fastrl_core.data.problems import load_problems
     from fastrl_core.data.synthetic import ensure_dataset
+    from fastrl_core.engines.hf import decoder
     from fastrl_core.policy import EMBEDDED_DIR, load_policy
     from fastrl_core.trainer import make_engine
 
@@ -156,12 +157,14 @@ def vlm_rollouts(tmp_path_factory):
     engine = make_engine(config, policy, projection)
     rollouts = engine.generate(problems, [8] * len(problems), generator=torch.Generator().manual_seed(0))
     captured = []
-    hook = head.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0].detach()))
+    hook = decoder(policy.model).register_forward_hook(
+        lambda module, inputs, output: captured.append(output.last_hidden_state.detach()))
     with torch.no_grad():
         engine.token_logprobs(policy.model, problems, rollouts, torch.arange(len(rollouts)))
     hook.remove()
-    hidden = captured[0][:, :-1].float()  # (N, T', d): the positions that scored the completion tokens
-    length = hidden.shape[1]
+    length = int(rollouts.completion_mask.sum(dim=1).max())
+    full = captured[0]  # (N, L, d): the decoder's output over prompt + completion
+    hidden = full[:, full.shape[1] - length - 1 : -1].float()  # (N, T', d): the positions that scored y_0..y_T'-1
     tokens, mask = rollouts.completion_ids[:, :length], rollouts.completion_mask[:, :length]
     weight = head.weight.detach().clone().requires_grad_()
     rows = []

@@ -33,6 +33,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from fastrl_core.engines.base import Rollouts
+from fastrl_core.engines.logprobs import chunked_token_logprobs
 from fastrl_core.policy import Policy, load_image
 
 __all__ = ["HFEngine", "PromptBatch", "Rollouts"]  # Rollouts lives in engines.base; re-exported for old imports
@@ -116,6 +117,18 @@ class _StepRecorder(StoppingCriteria):
 
     def remove(self) -> None:
         self._handle.remove()
+
+
+def decoder(model):
+    """The model without its lm_head (`model.model`: hidden states in, as `model.forward` computes them before its
+    head). Refused for heads that do more than `lm_head(h)` (logit soft-capping or scaling), which
+    `engines.logprobs` would leave out."""
+    text = model.config.get_text_config()
+    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(text, key, None) not in (None, 1, 1.0):
+            raise ValueError(f"HFEngine scores log-probs as log_softmax(lm_head(h)); {type(model).__name__} sets "
+                             f"{key}={getattr(text, key)}, which that leaves out")
+    return model.model
 
 
 def accepts_encoder_outputs(model) -> bool:
@@ -335,9 +348,9 @@ class HFEngine:
         """log `model`(y_t | prompt, y_<t) of completions (n, T) after prompts `prompt_index` (n,): (n, T) float32,
         0 where masked, with grad if grad is enabled.
 
-        One forward over prompt + completion; completion tokens get text mRoPE positions following the prompt's
-        (`mm_token_type_ids` extended with zeros, NOTES §2); logits only for the last T' + 1 positions, T' the
-        longest unmasked completion."""
+        One forward of the decoder over prompt + completion (completion tokens get text mRoPE positions following
+        the prompt's: `mm_token_type_ids` extended with zeros, NOTES §2), then the lm_head on the completion tokens
+        only, a chunk of positions at a time (`engines.logprobs`): never the (n, T, V) logits."""
         full_length = completion_ids.shape[1]
         length = int(completion_mask.sum(dim=1).max()) if len(prompt_index) else 0  # trim the all-pad tail
         completion_ids, completion_mask = completion_ids[:, :length], completion_mask[:, :length].bool()
@@ -353,8 +366,11 @@ class HFEngine:
             mm_token_type_ids=mm_token_type_ids.to(device),
         )
         inputs |= self._vision_inputs(model, prompts, prompt_index)
-        logits = model(**inputs, use_cache=False, logits_to_keep=length + 1).logits[:, :-1]  # (n, T', V)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        token_logprobs = logprobs.gather(-1, completion_ids.to(device)[..., None]).squeeze(-1)
-        token_logprobs = token_logprobs.masked_fill(~completion_mask.to(device), 0.0)
+        hidden = decoder(model)(**inputs, use_cache=False).last_hidden_state  # (n, L, H)
+        hidden = hidden[:, hidden.shape[1] - length - 1 : -1]  # (n, T', H): the positions predicting y_0..y_T'-1
+        mask = completion_mask.to(device)
+        head = model.get_output_embeddings()
+        token_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+        token_logprobs = token_logprobs.masked_scatter(mask, chunked_token_logprobs(
+            hidden[mask], head.weight, head.bias, completion_ids.to(device)[mask]))
         return torch.nn.functional.pad(token_logprobs, (0, full_length - length))

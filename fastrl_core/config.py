@@ -93,6 +93,10 @@ class TrainConfig:
                                  "'fixed_size' (mini-batch = prompts_per_step*rollouts_per_prompt/updates_per_step "
                                  "rows, so a pruned step makes fewer updates) or 'as_sampled' (the unpruned step's "
                                  "mini-batches less the pruned rows, which stay in the loss normaliser)")
+    update_rows: int = option(0, "rollouts per forward/backward inside an update (gradient accumulation over parts "
+                              "of a mini-batch: each part's loss counts the others as absent rows, so the loss and "
+                              "its gradient are the whole mini-batch's); bounds activation memory at real model "
+                              "sizes; 0 = the whole mini-batch at once", bounds=">= 0")
     recompute_old_logprobs: bool | None = option(None, "recompute old log-probs with the training model on kept "
                                                  "rollouts; null/auto (default) = yes exactly when the rollout "
                                                  "engine's numerics differ from the trainer's (vllm), no for hf")

@@ -10,8 +10,8 @@ Each step (README "The algorithm"):
   6. prune     -- identical completions merged (exact), then keep mask, scores, reasons, loss weights
                   per rollout (with row_cost: keep count from pass costs)   (algo.duplicates, algo.pruners, costs)
   7. logprob   -- reference (and, if asked, old) log-probs on KEPT rollouts only     (engines)
-  8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts (algo.minibatches,
-                  algo.objectives)
+  8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts, each accumulated in
+                  parts of update_rows rollouts if set (algo.minibatches, algo.objectives)
   9. record    -- the step's rollouts, groups, decisions and timings to the store   (store.step_rows)
  10. budget    -- the controller's new state from this step's kept counts           (algo.budgets)
 
@@ -56,7 +56,7 @@ from fastrl_core.checks import check_config, check_environment
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
-from fastrl_core.engines.base import Engine
+from fastrl_core.engines.base import Engine, Rollouts
 from fastrl_core.engines.resolve import ENGINES, PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import RewardParts, score_completions
 from fastrl_core.store import RunWriter, StepResult, image_key, sampled_split, step_rows
@@ -145,6 +145,22 @@ def fill_prompts(counts: Sequence[int], first: int, budget: int) -> int:
 def step_seed(seed: int, step: int) -> int:
     """Everything random in a step derives from (seed, step): resuming at step s replays it exactly."""
     return (seed * 1_000_003 + step * 7_919 + 17) % (2**63 - 1)
+
+
+@dataclass
+class _KeptRows:
+    """What the update (step 8) reads of a step: its problems and rollouts, the kept rollout indices (K,), the old
+    and reference log-probs of the kept rows (K, T), and per rollout (N,) advantages, pruner loss weights and
+    multiplicities (None: no merged duplicates)."""
+
+    problems: list
+    rollouts: Rollouts
+    kept: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    multiplicity: torch.Tensor | None
 
 
 def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
@@ -280,7 +296,6 @@ class Trainer:
                                       kept_normaliser=config.minibatch_mode not in OVER_SAMPLED_ROWS,
                                       **config.pruner_args)
             kept = decision.keep_mask.nonzero().squeeze(1)
-            kept_multiplicity = None if duplicates is None else duplicates.multiplicity[kept].float()  # (K,) or None
 
         # 7. logprob: old / reference passes on kept rollouts only
         with timer.phase("logprob"), torch.no_grad():
@@ -305,31 +320,19 @@ class Trainer:
             if minibatches:
                 model.train()
             per_update = []
+            update = _KeptRows(problems, rollouts, kept, old_logprobs, ref_logprobs, advantages, decision.weights,
+                               None if duplicates is None else duplicates.multiplicity)
             for batch in minibatches:  # batch.kept indexes `kept`; batch.absent `distinct` (pruned, as_sampled)
-                batch_rows, absent = batch.kept, distinct[batch.absent]
                 self.optimizer.zero_grad(set_to_none=True)
-                if len(batch_rows) == 0:  # every row of this as_sampled mini-batch pruned: a step with no terms,
+                if len(batch.kept) == 0:  # every row of this as_sampled mini-batch pruned: a step with no terms,
                     for group in self.optimizer.param_groups:  # as GRPO's would be (AdamW's moments still move it)
                         for parameter in group["params"]:
                             parameter.grad = torch.zeros_like(parameter)
                     self.optimizer.step()
                     continue
-                index = kept[batch_rows]
-                logprobs = self.engine.token_logprobs(model, problems, rollouts, index)
-                on = logprobs.device  # the loss runs where the model is
-                out = policy_loss(config.objective, logprobs, old_logprobs[batch_rows].to(on), advantages[index].to(on),
-                                  rollouts.completion_mask[index].to(on),
-                                  ref_logprobs=None if ref_logprobs is None else ref_logprobs[batch_rows].to(on),
-                                  rollout_weights=decision.weights[index].to(on),
-                                  rollout_counts=None if kept_multiplicity is None
-                                  else kept_multiplicity[batch_rows].to(on),
-                                  absent_mask=rollouts.completion_mask[absent].to(on),  # (0, T) unless as_sampled
-                                  absent_counts=None if duplicates is None
-                                  else duplicates.multiplicity[absent].float().to(on), **self.loss_args)
-                out.loss.backward()
+                per_update.append(self._backward(update, batch.kept, distinct[batch.absent]))
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 self.optimizer.step()
-                per_update.append({"loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}})
             if per_update:  # unweighted mean over the step's mini-batches that had kept rows
                 metrics = {k: sum(u[k] for u in per_update) / len(per_update) for k in per_update[0]}
             metrics["updates"] = len(minibatches)  # optimiser steps taken
@@ -370,6 +373,37 @@ class Trainer:
             accuracy_mean=torch.zeros(len(problems)).index_add_(0, group_ids, accuracy.float()) / sampled.clamp(min=1)))
         self.step += 1
         return {"step": step, **rows.step_row}
+
+    def _backward(self, update: _KeptRows, rows: torch.Tensor, absent: torch.Tensor) -> dict[str, float]:
+        """Gradients of one mini-batch's loss into `.grad`: kept rows `rows` (indexes `update.kept`), pruned rows
+        `absent` (rollout indices; as_sampled) in the normaliser only. With `update_rows`, in parts of that many
+        rows, each part's loss counting the mini-batch's other rows as absent (`policy_loss(absent_mask=...)`), so
+        the parts' losses sum to the whole mini-batch's and so do their gradients. Returns the loss and the loss's
+        metrics (over parts: weighted by response tokens)."""
+        config, rollouts, on = self.config, update.rollouts, self.policy.model.device
+        mask = rollouts.completion_mask
+        parts = rows.split(config.update_rows) if config.update_rows else (rows,)
+        counts = torch.ones(len(mask)) if update.multiplicity is None else update.multiplicity.float()  # (N,)
+        results = []  # (loss, metrics, response tokens) per part
+        for part in parts:
+            others = torch.cat([update.kept[rows[~torch.isin(rows, part)]], absent])  # rollout indices
+            index = update.kept[part]
+            logprobs = self.engine.token_logprobs(self.policy.model, update.problems, rollouts, index)
+            out = policy_loss(config.objective, logprobs, update.old_logprobs[part].to(on),
+                              update.advantages[index].to(on), mask[index].to(on),
+                              ref_logprobs=None if update.ref_logprobs is None else update.ref_logprobs[part].to(on),
+                              rollout_weights=update.weights[index].to(on),
+                              rollout_counts=None if update.multiplicity is None else counts[index].to(on),
+                              absent_mask=mask[others].to(on),  # (0, T) with one part and nothing pruned
+                              absent_counts=None if update.multiplicity is None else counts[others].to(on),
+                              **self.loss_args)
+            out.loss.backward()
+            results.append((out.loss.item(), out.metrics, float((mask[index].sum(-1) * counts[index]).sum())))
+        if len(results) == 1:
+            return {"loss": results[0][0], **{key: float(value) for key, value in results[0][1].items()}}
+        tokens = max(sum(t for _, _, t in results), 1.0)
+        return {"loss": sum(loss for loss, _, _ in results),
+                **{key: sum(float(m[key]) * t for _, m, t in results) / tokens for key in results[0][1]}}
 
     def choose_prompts(self) -> tuple[list[Problem], list[int], bool]:
         """Step 1: the step's problems from the stream at `cursor`, the budget's rollout counts for them, and

@@ -416,3 +416,35 @@ def test_a_given_row_cost_is_reproducible_and_prunes_rows_the_keep_ratio_keeps(t
             assert (read_steps(tmp_path / name, run_id)["row_cost"] == row_cost).all()
     assert (masks["a"] == masks["b"]).all()
     assert masks["a", 0].sum() < masks["free", 0].sum() and not (masks["a", 0] & ~masks["free", 0]).any()
+
+
+@pytest.mark.parametrize("objective", ["grpo", "dapo", "dr_grpo", "gspo", "gspo_token"])
+def test_update_rows_accumulates_the_same_update_in_parts(tmp_path, objective):
+    """update_rows splits each mini-batch's forward/backward into parts whose losses count the other rows as
+    absent: the same loss and gradients for every objective, with the KL term, merged duplicates and as_sampled's
+    pruned rows in the normaliser (float32 summation order aside; AdamW's g / (|g| + eps) turns that into weight
+    differences ~1e-6 on entries whose gradient is ~1e-9)."""
+    runs, parts = {}, collections.Counter()
+    for rows in (0, 5):
+        trainer = Trainer(_config(tmp_path / str(rows), steps=1, updates_per_step=2, minibatch_mode="as_sampled",
+                                  objective=objective, update_rows=rows, **{"objective_args.beta": 0.01}),
+                          progress=False)
+        score = trainer.engine.token_logprobs
+
+        def counted(model, problems, rollouts, index, rows=rows):
+            parts[rows] += torch.is_grad_enabled()
+            return score(model, problems, rollouts, index)
+
+        trainer.engine.token_logprobs = counted
+        step = trainer.train_step()
+        model = trainer.policy.model
+        runs[rows] = (step, {name: p.grad.clone() for name, p in model.named_parameters()}, _params(model))
+    assert parts[5] > parts[0] == 2  # 2 mini-batches, split into parts of <= 5 rows
+    (whole, whole_grads, whole_params), (split, split_grads, split_params) = runs[0], runs[5]
+    assert whole["rollouts_kept"] == split["rollouts_kept"] and whole["updates"] == split["updates"] == 2
+    for key in ("loss", "kl", "clip_fraction"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    for name, grad in whole_grads.items():  # the second mini-batch's: after one AdamW step from ~equal weights
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-4, atol=1e-7)
+    for name, value in whole_params.items():
+        torch.testing.assert_close(split_params[name], value, rtol=0, atol=1e-5)

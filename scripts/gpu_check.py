@@ -66,7 +66,7 @@ def run_config(args, store: Path, *, pruner: str, engine: str, device: torch.dev
         objective="grpo", lr=args.lr, warmup_steps=1, recompute_old_logprobs=True,
         sketch="logprob" if engine == "vllm" else "lm_head",
         sketch_dim=256, sketch_top_k=args.top_k, pruner=pruner, keep_ratio=0.5, min_keep=2, budget="fixed",
-        eval_every=0, checkpoint_every=0, log_rollouts=True,
+        eval_every=0, checkpoint_every=0, log_rollouts=True, update_rows=args.update_rows,
     )
     return load_config(None, [f"{k}={v}" for k, v in overrides.items()] + ["objective_args.beta=0.01"])
 
@@ -84,7 +84,8 @@ def build_policy(problems, args):
 
     # the real 151,936-row unembedding over a ~1k-entry local tokenizer: rows it cannot decode are never sampled
     widths = QWEN2_5_VL_3B_WIDTHS.replace(num_layers=args.layers, vision_depth=args.vision_depth)
-    return build_widths_policy(corpus, widths, tokenizer_vocab_size=1024, seed=args.seed, dtype=torch.bfloat16,
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32  # CPU bf16 matmuls are many times slower
+    return build_widths_policy(corpus, widths, tokenizer_vocab_size=1024, seed=args.seed, dtype=dtype,
                                image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112))
 
 
@@ -276,6 +277,8 @@ def trl_steps(policy, problems, args, device, workdir: Path) -> list[dict]:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, HF engine")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="where the real-width model runs (cpu: a slow check of the same path; dry run: cpu)")
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
                         help="rollout engine: auto = vLLM when importable (never in a dry run), else HF")
     parser.add_argument("--steps", type=int, default=None, help="training steps per method (3; dry run 2)")
@@ -285,6 +288,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4, help="text decoder layers at real width")
     parser.add_argument("--vision-depth", type=int, default=4, help="vision blocks at real width")
     parser.add_argument("--top-k", type=int, default=20, help="top-K log-probs for the sketch")
+    parser.add_argument("--update-rows", type=int, default=0,
+                        help="rollouts per forward/backward in the update (the trainer's update_rows; 0 = all)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="vLLM's share of the GPU")
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
@@ -298,15 +303,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, (dry, real) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, dry if args.dry_run else real)
-    if args.dry_run and args.engine == "vllm":
-        parser.error("--dry-run runs the HF engine on CPU; vLLM needs a GPU")
+    if (args.dry_run or args.device == "cpu") and args.engine == "vllm":
+        parser.error("on CPU (--dry-run, --device cpu) the HF engine runs; vLLM needs a GPU")
     return args
 
 
 def engine_kind(args) -> tuple[str, str | None]:
     """(engine to use, why vLLM is not used or None)."""
-    if args.dry_run or args.engine == "hf":
-        return "hf", "dry run" if args.dry_run else "--engine hf"
+    if args.dry_run or args.device == "cpu" or args.engine == "hf":
+        return "hf", "dry run" if args.dry_run else ("--device cpu" if args.device == "cpu" else "--engine hf")
     if importlib.util.find_spec("vllm") is None:
         if args.engine == "vllm":
             from fastrl_core.engines.vllm import import_vllm
@@ -329,12 +334,9 @@ def print_table(title: str, rows: list[dict]) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.dry_run:
-        device = torch.device("cpu")
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("gpu_check: no CUDA device; run with --dry-run on CPU")
-        device = torch.device("cuda")
+    device = torch.device("cpu" if args.dry_run else args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_check: no CUDA device; run with --dry-run (tiny) or --device cpu (real widths) on CPU")
     torch.set_num_threads(args.threads)
     kind, no_vllm = engine_kind(args)
     started = time.perf_counter()

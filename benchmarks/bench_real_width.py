@@ -1,7 +1,7 @@
 """One FastRL step at Qwen2.5-VL-3B widths with the real 151,936-token vocabulary, on CPU, through `fastrl train`.
 
     .venv/bin/python benchmarks/bench_real_width.py [--layers 2] [--vision-depth 1] [--pruners fastrl,none]
-        [--keep DIR]
+        [--rollouts 4] [--tokens 16] [--keep DIR]
 
 Builds a random-weight Qwen2.5-VL at Qwen2.5-VL-3B's widths (text hidden 2048, MLP 11008, 16 heads / 2 KV heads,
 head_dim 128, mRoPE [16, 24, 24], tied embeddings; vision hidden 1280, 16 heads) with `--layers` text layers and
@@ -9,7 +9,7 @@ head_dim 128, mRoPE [16, 24, 24], tied embeddings; vision hidden 1280, 16 heads)
 then runs the command users run, in a child process each:
 
     python -m fastrl_core.cli train configs/embedded.yaml model=<dir> steps=1 prompts_per_step=2
-        rollouts_per_prompt=4 max_new_tokens=16 sketch_top_k=64 threads=1 eval_every=0 ... pruner=<p>
+        rollouts_per_prompt=<--rollouts> max_new_tokens=<--tokens> sketch_top_k=64 threads=1 eval_every=0 ... pruner=<p>
 
 twice: `pruner=fastrl` (the FastRL step) and `pruner=none` (GRPO: every rollout through the log-prob pass and the
 update). A random policy earns no task reward (no `<think>`/`\\boxed{}` in random text), so every FastRL group has
@@ -22,7 +22,11 @@ Memory budget: 0.52 B float32 parameters (2.1 GB) + gradients + AdamW's two mome
 (the default), so no reference copy. Measured (2026-12-01, 2 text layers, 1 vision block; memory, not timings, is
 valid on the loaded machine): the `fastrl` step peaks at 3.0-3.6 GiB, the `none` step at 10.98 GiB with the trainer's
 `torch.optim.AdamW` (its single-tensor CPU path makes two parameter-sized temporaries, 1.2 GB each for the
-151,936 x 2048 embedding) and at 8.65 GiB with `AdamW(..., fused=True)`. Output rows beyond the tokenizer are never
+151,936 x 2048 embedding) and at 8.65 GiB with `AdamW(..., fused=True)`. With `--rollouts 16 --tokens 64`
+(2026-12-04, quiet machine, one run each, `none` only): the step before and after the chunked scoring head
+(`engines/logprobs.py`) both peak at 10.73 GiB (AdamW's temporaries set the peak here, not the head's 1.2 GB of
+logits per tensor); its update took 267 s before and 305 s after (+14 %: the head's logits recomputed in the
+backward), generate 119 s and 121 s. Output rows beyond the tokenizer are never
 sampled (`fastrl_core.policy.never_sampled_token_ids`): unsuppressed, this model sampled them almost only (empty
 completions).
 """
@@ -42,8 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-TRAIN_OVERRIDES = ["steps=1", "prompts_per_step=2", "rollouts_per_prompt=4", "max_new_tokens=16",
-                   "sketch_top_k=64", "threads=1", "eval_every=0", "checkpoint_every=0", "synthetic_train=64",
+TRAIN_OVERRIDES = ["steps=1", "prompts_per_step=2", "sketch_top_k=64", "threads=1", "eval_every=0", "checkpoint_every=0", "synthetic_train=64",
                    "synthetic_test=16", "budget=fixed"]
 PRUNERS = ("fastrl", "none")
 
@@ -66,11 +69,12 @@ def build_checkpoint(directory: Path, layers: int, vision_depth: int) -> dict:
     return counts
 
 
-def run_train(model_dir: Path, store_dir: Path, pruner: str) -> tuple[int, float, float, str]:
+def run_train(model_dir: Path, store_dir: Path, pruner: str, rollouts: int, tokens: int
+              ) -> tuple[int, float, float, str]:
     """(exit code, peak RSS GiB, wall seconds, stderr tail) of `fastrl train` in a child process."""
     command = [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
                f"model={model_dir}", f"store_dir={store_dir}", f"pruner={pruner}", f"run_name={pruner}",
-               *TRAIN_OVERRIDES]
+               f"rollouts_per_prompt={rollouts}", f"max_new_tokens={tokens}", *TRAIN_OVERRIDES]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
@@ -104,6 +108,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=2, help="text decoder layers (3B has 36)")
     parser.add_argument("--vision-depth", type=int, default=1, help="vision blocks (3B has 32)")
     parser.add_argument("--pruners", default=",".join(PRUNERS), help="runs to make, comma-separated")
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per prompt (2 prompts)")
+    parser.add_argument("--tokens", type=int, default=16, help="max new tokens per rollout")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the checkpoint and stores in this directory (a later run reuses the checkpoint)")
     args = parser.parse_args()
@@ -126,14 +132,15 @@ def main() -> int:
           "blocks; " + (f"reused from {model_dir}" if reused else
                         f"built and saved in {summary['build_and_save_s']:.1f} s"), flush=True)
     for pruner in args.pruners.split(","):
-        code, peak_gib, wall, tail = run_train(model_dir, store_dir, pruner)
+        code, peak_gib, wall, tail = run_train(model_dir, store_dir, pruner, args.rollouts, args.tokens)
         if code != 0:
             print(tail, file=sys.stderr)
             print(f"fastrl train pruner={pruner} failed with exit code {code}", file=sys.stderr)
             return 1
         run = {**step_summary(store_dir, pruner), "train_process_wall_s": wall, "train_process_peak_rss_gib": peak_gib}
         summary["runs"][pruner] = run
-        print(f"\n`fastrl train ... pruner={pruner}`: one step, {run['rollouts_sampled']} rollouts x <= 16 tokens, "
+        print(f"\n`fastrl train ... pruner={pruner}`: one step, {run['rollouts_sampled']} rollouts x "
+              f"<= {args.tokens} tokens, "
               "1 thread\n| phase | seconds |\n|---|---|")
         for name, seconds in run["phase_s"].items():
             print(f"| {name} | {seconds:.2f} |")

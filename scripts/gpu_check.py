@@ -21,10 +21,13 @@ What it runs (no hub access needed; every model is built from a config with rand
      same text widths (HF generation inside TRL); skipped when trl is not importable.
 It prints one table per part and a JSON summary (also written to `--out`).
 
-`--dry-run` runs the same code on CPU at tiny size with the HF engine (what CI can run):
+`--dry-run` runs the same code on CPU at tiny size with the HF engine (what CI can run); `--device cpu` runs the
+real widths on CPU in float32 (slow: ~2 minutes for `--layers 1 --vision-depth 1 --prompts 2 --rollouts 4
+--max-new-tokens 8 --steps 2 --skip-trl`):
     python scripts/gpu_check.py --dry-run
 On a GPU machine (vLLM optional; without it the HF engine runs on the GPU):
     python scripts/gpu_check.py --out gpu_check.json
+Measured on one H200 with the HF engine: docs/gpu.md, "Measured on one H200".
 """
 
 from __future__ import annotations

@@ -71,6 +71,17 @@ def rss_kib() -> int:
     return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
 
 
+def reset_peak_rss() -> int:
+    """Reset this process's peak RSS (VmHWM, ru_maxrss) to its current RSS; returns that RSS in KiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return rss_kib()
+
+
+def peak_rss_kib() -> int:
+    """This process's peak RSS since start or the last `reset_peak_rss`, in KiB (Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def child(args) -> None:
     """One configuration in this (fresh) process; prints one JSON line."""
     resource.setrlimit(resource.RLIMIT_AS, (args.cap_gib * GIB, args.cap_gib * GIB))
@@ -112,15 +123,14 @@ def child(args) -> None:
     engine = FixedLengthEngine(policy, max_new_tokens=args.tokens, sketch_projection=projection, sketch_top_k=top_k)
     counts = [args.rollouts // PROMPTS] * PROMPTS
     engine.prompt_batch(problems)  # tokenise outside the measured part
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM, ru_maxrss) to the current RSS
-    before = rss_kib()
+    before = reset_peak_rss()
     start = time.perf_counter()
     if args.child == "old":
         ids = stacked_generate(engine, problems, counts, torch.Generator().manual_seed(0))["ids"]
     else:
         ids = engine.generate(problems, counts, generator=torch.Generator().manual_seed(0)).completion_ids
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    peak = peak_rss_kib()
     print(json.dumps(dict(config=args.child, rollouts=len(ids), tokens=ids.shape[1], before_kib=before,
                           peak_kib=peak, seconds=seconds, sketch_seconds=sketch_seconds[0],
                           prompt_length=int(engine.prompt_batch(problems).input_ids.shape[1]))))

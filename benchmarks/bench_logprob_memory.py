@@ -16,23 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench_generate_memory import VOCAB, peak_rss_kib, reset_peak_rss
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-HIDDEN, VOCAB = 2048, 151_936
+HIDDEN = 2048
 MIB = 1 << 20
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
 
 def one(variant: str, positions: int, threads: int) -> dict:
     """Forward + backward of one variant in this process: growth of peak RSS (MiB) and seconds."""
@@ -47,15 +42,13 @@ def one(variant: str, positions: int, threads: int) -> dict:
     targets = torch.randint(0, VOCAB, (positions,), generator=g)
     upstream = torch.randn(positions, generator=g)
     fn = chunked_token_logprobs if variant == "chunked" else dense_token_logprobs
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS to now
-    before = rss_bytes()
+    before = reset_peak_rss()
     start = time.perf_counter()
     (fn(hidden, weight, None, targets) * upstream).sum().backward()
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_kib()
     logits_mib = positions * VOCAB * 4 / MIB
-    return {"variant": variant, "positions": positions, "growth_mib": (peak - before) / MIB, "seconds": seconds,
+    return {"variant": variant, "positions": positions, "growth_mib": (peak - before) / 1024, "seconds": seconds,
             "logits_mib": logits_mib}
 
 

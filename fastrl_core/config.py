@@ -97,6 +97,10 @@ class TrainConfig:
                               "of a mini-batch: each part's loss counts the others as absent rows, so the loss and "
                               "its gradient are the whole mini-batch's); bounds activation memory at real model "
                               "sizes; 0 = the whole mini-batch at once", bounds=">= 0")
+    share_prompts: bool = option(True, "run each prompt through the decoder once for all its rollouts (HF "
+                                 "generate's prefill, the log-prob passes and the update) and continue every rollout "
+                                 "from its KV cache: the same numbers as one forward per rollout, with less time "
+                                 "(engines.hf); false = one forward per rollout")
     recompute_old_logprobs: bool | None = option(None, "recompute old log-probs with the training model on kept "
                                                  "rollouts; null/auto (default) = yes exactly when the rollout "
                                                  "engine's numerics differ from the trainer's (vllm), no for hf")

@@ -186,13 +186,14 @@ def make_engine(config: TrainConfig, policy: Policy, projection: SketchProjectio
 
         return HFEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                         temperature=config.temperature, sketch_projection=projection,
-                        sketch_top_k=config.sketch_top_k or None)  # 0 = the whole vocabulary
+                        sketch_top_k=config.sketch_top_k or None,  # 0 = the whole vocabulary
+                        share_prompts=config.share_prompts)
     if config.engine == "vllm":
         from fastrl_core.engines.vllm import VLLMEngine
 
         return VLLMEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
                           temperature=config.temperature, sketch_projection=projection,
-                          sketch_top_k=config.sketch_top_k)
+                          sketch_top_k=config.sketch_top_k, share_prompts=config.share_prompts)
     raise ValueError(f"unknown engine {config.engine!r}; choose one of {sorted(ENGINES)}")
 
 

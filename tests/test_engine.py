@@ -100,6 +100,60 @@ def test_shared_image_encoding_equals_per_rollout_encoding(sampled, policy, prob
     assert torch.equal(again.completion_ids, rollouts.completion_ids)
 
 
+@pytest.mark.parametrize("share_images", [True, False])
+def test_shared_prefill_equals_a_prefill_per_row(sampled, policy, problems, share_images):
+    """Each prompt prefilled once and its cache gathered to its rows = every row prefilled on its own: same tokens,
+    behaviour log-probs and sketches (also on the pixels-per-row path that transformers 5.17 takes)."""
+    engine, rollouts = sampled
+    per_row = HFEngine(policy, max_new_tokens=24, sketch_projection=engine.sketch_projection, sketch_top_k=16,
+                       share_images=share_images, share_prompts=False)
+    shared = HFEngine(policy, max_new_tokens=24, sketch_projection=engine.sketch_projection, sketch_top_k=16,
+                      share_images=share_images)
+    assert shared.share_prompts and not per_row.share_prompts
+    for eng in (per_row, shared):
+        again = eng.generate(problems, COUNTS, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(again.completion_ids, rollouts.completion_ids)
+        assert torch.equal(again.completion_mask, rollouts.completion_mask)
+        torch.testing.assert_close(again.behaviour_logprobs, rollouts.behaviour_logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(again.sketches, rollouts.sketches, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefill_over_long_completions(random_policy, problems):
+    """32 decoding steps from the shared cache (the random policy rarely ends): ~2,000 tokens equal to the
+    per-row prefill's, and the mRoPE offsets of rows with different prompt lengths kept apart."""
+    counts = [5, 1, 0, 6]
+    outs = [HFEngine(random_policy, max_new_tokens=32, share_prompts=share).generate(
+        problems, counts, generator=torch.Generator().manual_seed(3)) for share in (False, True)]
+    assert outs[0].completion_mask.sum() > 300
+    assert torch.equal(outs[0].completion_ids, outs[1].completion_ids)
+    torch.testing.assert_close(outs[0].behaviour_logprobs, outs[1].behaviour_logprobs, atol=1e-5, rtol=0)
+
+
+def test_shared_prompt_scoring_equals_per_row_scoring(sampled, policy, problems):
+    """Scoring each prompt once and continuing its rows from the gathered cache = one forward per row: equal
+    log-probs and equal gradients for every parameter (the vision tower's included), on unequal groups and on a
+    subset that leaves one prompt with a single row."""
+    engine, rollouts = sampled
+    per_row = HFEngine(policy, max_new_tokens=24, share_prompts=False)
+    model = policy.model
+    for index in (torch.arange(len(rollouts)), torch.tensor([0, 2, 3, 5])):
+        results = []
+        for eng in (engine, per_row):
+            model.zero_grad(set_to_none=True)
+            logprobs = eng.token_logprobs(model, problems, rollouts, index)
+            (logprobs * torch.linspace(0.5, 2.0, logprobs.numel()).view_as(logprobs)).sum().backward()
+            results.append((logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                                if p.grad is not None}))
+        model.zero_grad(set_to_none=True)
+        (shared, shared_grads), (single, single_grads) = results
+        torch.testing.assert_close(shared, single, atol=1e-5, rtol=0)
+        torch.testing.assert_close(shared, rollouts.behaviour_logprobs[index], atol=1e-5, rtol=0)
+        assert shared_grads.keys() == single_grads.keys()
+        assert any(name.startswith("model.visual") for name in shared_grads)
+        for name in shared_grads:
+            torch.testing.assert_close(shared_grads[name], single_grads[name], atol=1e-5, rtol=1e-4)
+
+
 def test_no_vision_token_is_ever_sampled(random_policy, problems):
     engine = HFEngine(random_policy, max_new_tokens=32)
     rollouts = engine.generate(problems, [16] * 4, generator=torch.Generator().manual_seed(1))

@@ -147,7 +147,7 @@ def vlm_rollouts(tmp_path_factory):
 
     if not (EMBEDDED_DIR / "config.json").is_file():
         pytest.skip("no shipped warm start in data/warmstart")
-    config = TrainConfig()
+    config = TrainConfig(share_prompts=False)  # one decoder forward per row over prompt + completion, hooked below
     root = ensure_dataset(tmp_path_factory.mktemp("data"), n_train=8, n_test=1, seed=0)
     problems = load_problems(root / "train")
     policy = load_policy("embedded")

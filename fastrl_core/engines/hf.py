@@ -8,7 +8,12 @@ rollouts: the vision tower runs on the P prompt images, and the N-row batch gets
 tensor), with `image_grid_thw` / `mm_token_type_ids` expanded so the 3-D mRoPE positions are the usual ones.
 `share_images=False` is the naive path (pixels repeated per rollout), kept to check and measure the saving; it is
 also what runs on a transformers whose model forward has no `mm_encoder_outputs` (5.17 has none; 5.23 has it),
-with the same numbers, only slower (`accepts_encoder_outputs`).
+with the same numbers, only slower (`accepts_encoder_outputs`). Each distinct prompt also goes through
+the decoder ONCE (`share_prompts`): its KV cache is computed on P rows and gathered to the N rows that continue it,
+in generate (as vLLM's prefix caching does) and in the scoring passes and the update (the shared-prefix forward of
+Prefix Grouper, Liu et al. 2025, arXiv 2506.05433: exact, gradients summed through the gather). The embedded
+regime's prompts are ~80 tokens against ~16 sampled, so on 16 x 8 rollouts this takes a third off generate and
+~60 % off a scoring forward + backward (benchmarks/bench_engine.py).
 
 Randomness: HF sampling draws from torch's global RNG. `generate` seeds it from the passed generator (one int64
 draw) inside `torch.random.fork_rng`, so a generator in a given state gives the same rollouts and the caller's
@@ -131,6 +136,14 @@ def decoder(model):
     return model.model
 
 
+def _checkpointing(model) -> bool:
+    """Whether `model` runs with activation (gradient) checkpointing (the property's newer name first)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if isinstance(getattr(type(model), name, None), property):
+            return bool(getattr(model, name))
+    return False
+
+
 def accepts_encoder_outputs(model) -> bool:
     """Whether `model.forward` takes pre-encoded image features (`mm_encoder_outputs`, transformers >= 5.20 or so)."""
     return "mm_encoder_outputs" in inspect.signature(model.forward).parameters
@@ -140,7 +153,10 @@ class HFEngine:
     """Samples rollouts with `policy.model.generate` and re-scores them with a forward pass.
 
     `sketch_projection`: a `SketchProjection` to accumulate lm_head sketches during generation (None: no sketches);
-    `sketch_top_k`: vocabulary entries per token in the sketch (None: the whole vocabulary)."""
+    `sketch_top_k`: vocabulary entries per token in the sketch (None: the whole vocabulary);
+    `share_images` / `share_prompts`: encode each prompt's image / run each prompt through the decoder once for all of
+    its rows, in generate and in the scoring passes (off: once per row, the naive path, kept to check and measure
+    both savings; `share_prompts` needs a Qwen-VL decoder's mRoPE offsets, `rope_deltas`)."""
 
     def __init__(
         self,
@@ -152,6 +168,7 @@ class HFEngine:
         sketch_projection=None,
         sketch_top_k: int | None = 64,
         share_images: bool = True,
+        share_prompts: bool = True,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (use `greedy` for argmax decoding), got {temperature}")
@@ -162,6 +179,7 @@ class HFEngine:
         self.sketch_projection = sketch_projection
         self.sketch_top_k = sketch_top_k
         self.share_images = share_images and accepts_encoder_outputs(policy.model)
+        self.share_prompts = share_prompts and hasattr(decoder(policy.model), "rope_deltas")
         self._cached: tuple[tuple[str, ...], PromptBatch] | None = None
         config = policy.model.generation_config
         eos = config.eos_token_id if config.eos_token_id is not None else policy.eos_token_id
@@ -232,15 +250,52 @@ class HFEngine:
         )
 
     def _run_generate(self, prompts: PromptBatch, prompt_index: Tensor, config: GenerationConfig, **generate_kwargs):
+        """`model.generate` on rows `prompt_index` (N,) of `prompts`. With `share_prompts` and a prompt on several
+        rows, each distinct prompt but its last token is prefilled once (`_shared_prompts`) and generate continues
+        every row from that cache: it runs the last prompt token (always text, as the template ends with the
+        assistant header) and decodes from there, as vLLM's prefix caching would. Else every row is prefilled."""
         model = self.policy.model
-        inputs = dict(
+        rows = dict(
             input_ids=prompts.input_ids[prompt_index].to(model.device),
             attention_mask=prompts.attention_mask[prompt_index].to(model.device),
-            mm_token_type_ids=prompts.mm_token_type_ids[prompt_index].to(model.device),
         )
         with torch.no_grad():
-            inputs |= self._vision_inputs(model, prompts, prompt_index)
-            return model.generate(**inputs, generation_config=config, **generate_kwargs)
+            if self._shares(model, prompt_index):
+                if prompts.mm_token_type_ids[:, -1].any():
+                    raise ValueError("HFEngine: a shared prefill needs prompts that end in a text token")
+                _, rows["past_key_values"] = self._shared_prompts(model, prompts, prompt_index, drop_last=True)
+            else:
+                rows["mm_token_type_ids"] = prompts.mm_token_type_ids[prompt_index].to(model.device)
+                rows |= self._vision_inputs(model, prompts, prompt_index)
+            return model.generate(**rows, generation_config=config, **generate_kwargs)
+
+    def _shares(self, model, prompt_index: Tensor) -> bool:
+        """Whether rows `prompt_index` go through a shared prompt: sharing is on, some prompt has several rows, and
+        `model` keeps a KV cache (HF drops it under gradient checkpointing)."""
+        return (self.share_prompts and not _checkpointing(model)
+                and len(torch.unique(prompt_index)) < len(prompt_index))
+
+    def _shared_prompts(self, model, prompts: PromptBatch, prompt_index: Tensor, *, drop_last: bool):
+        """Each distinct prompt of `prompt_index` (N,) through `model`'s decoder once (with grad if enabled), its
+        KV cache then gathered to the N rows (rows of a prompt share its keys and values, and autograd sums their
+        gradients back into the one prompt forward). The decoder's mRoPE offsets (`rope_deltas`, (P, 1) from the
+        forward) are gathered alike: text positions after the prompt are the attended-token count + the offset,
+        which is how HF's generate continues a cached multimodal prompt (Qwen2.5-VL
+        `_prepare_position_ids_for_generation`). `drop_last`: leave each prompt's last token out (generate needs
+        one uncached token). Returns the prompts' last hidden state gathered to rows, (N, H), and the cache."""
+        distinct, row_to_distinct = torch.unique(prompt_index, return_inverse=True)
+        end = prompts.input_ids.shape[1] - int(drop_last)
+        inner = decoder(model)
+        inputs = {
+            key: getattr(prompts, key)[distinct][:, :end].to(model.device)
+            for key in ("input_ids", "attention_mask", "mm_token_type_ids")
+        }
+        inputs |= self._vision_inputs(model, prompts, distinct)
+        out = inner(**inputs, use_cache=True)  # per layer: keys / values (P, kv_heads, end, head_dim)
+        rows = row_to_distinct.to(model.device)
+        out.past_key_values.batch_select_indices(rows)  # -> (N, kv_heads, end, head_dim)
+        inner.rope_deltas = inner.rope_deltas[rows]
+        return out.last_hidden_state[rows, -1], out.past_key_values
 
     def generate(
         self,
@@ -348,29 +403,49 @@ class HFEngine:
         """log `model`(y_t | prompt, y_<t) of completions (n, T) after prompts `prompt_index` (n,): (n, T) float32,
         0 where masked, with grad if grad is enabled.
 
-        One forward of the decoder over prompt + completion (completion tokens get text mRoPE positions following
-        the prompt's: `mm_token_type_ids` extended with zeros, NOTES §2), then the lm_head on the completion tokens
-        only, a chunk of positions at a time (`engines.logprobs`): never the (n, T, V) logits."""
+        The decoder's hidden states at the positions predicting y_0..y_T'-1 (`_completion_hidden`), then the
+        lm_head on the completion tokens only, a chunk of positions at a time (`engines.logprobs`): never the
+        (n, T, V) logits."""
         full_length = completion_ids.shape[1]
         length = int(completion_mask.sum(dim=1).max()) if len(prompt_index) else 0  # trim the all-pad tail
         completion_ids, completion_mask = completion_ids[:, :length], completion_mask[:, :length].bool()
         device = model.device
-        input_ids = torch.cat([prompts.input_ids[prompt_index], completion_ids], dim=1)
-        attention_mask = torch.cat([prompts.attention_mask[prompt_index], completion_mask.long()], dim=1)
-        mm_token_type_ids = torch.cat(
-            [prompts.mm_token_type_ids[prompt_index], torch.zeros_like(completion_ids)], dim=1
-        )
-        inputs = dict(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            mm_token_type_ids=mm_token_type_ids.to(device),
-        )
-        inputs |= self._vision_inputs(model, prompts, prompt_index)
-        hidden = decoder(model)(**inputs, use_cache=False).last_hidden_state  # (n, L, H)
-        hidden = hidden[:, hidden.shape[1] - length - 1 : -1]  # (n, T', H): the positions predicting y_0..y_T'-1
+        hidden = self._completion_hidden(model, prompts, prompt_index, completion_ids, completion_mask)
         mask = completion_mask.to(device)
         head = model.get_output_embeddings()
         token_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=device)
         token_logprobs = token_logprobs.masked_scatter(mask, chunked_token_logprobs(
             hidden[mask], head.weight, head.bias, completion_ids.to(device)[mask]))
         return torch.nn.functional.pad(token_logprobs, (0, full_length - length))
+
+    def _completion_hidden(self, model, prompts: PromptBatch, prompt_index: Tensor, completion_ids: Tensor,
+                           completion_mask: Tensor) -> Tensor:
+        """(n, T, H): the decoder's last hidden states at the positions predicting completion tokens 0..T-1.
+
+        Shared (`share_prompts`, a prompt on several rows): each prompt once (`_shared_prompts`), then the
+        completions alone on its gathered cache, at text positions after the prompt (completion tokens are text:
+        mRoPE's three components equal, the attended-token count + the prompt's offset). Same values and
+        gradients as the per-row forward up to float rounding (tests/test_engine.py); on the embedded regime's
+        ~80-token prompts and ~16-token completions, 16 x 8 rollouts, ~2.4x less time (benchmarks/bench_engine.py).
+        Per row: one forward over prompt + completion (`mm_token_type_ids` extended with zeros, NOTES §2)."""
+        device = model.device
+        attention_mask = torch.cat([prompts.attention_mask[prompt_index], completion_mask.long()], dim=1).to(device)
+        length = completion_ids.shape[1]
+        if self._shares(model, prompt_index):
+            last_prompt_hidden, cache = self._shared_prompts(model, prompts, prompt_index, drop_last=False)
+            offsets = decoder(model).rope_deltas  # (n, 1)
+            positions = (attention_mask.cumsum(-1) - 1)[:, attention_mask.shape[1] - length:] + offsets  # (n, T)
+            completion_hidden = decoder(model)(
+                input_ids=completion_ids.to(device), attention_mask=attention_mask, past_key_values=cache,
+                position_ids=positions[None].expand(3, -1, -1), use_cache=True,
+            ).last_hidden_state  # (n, T, H): position t predicts y_t+1
+            return torch.cat([last_prompt_hidden[:, None], completion_hidden[:, :-1]], dim=1)
+        input_ids = torch.cat([prompts.input_ids[prompt_index], completion_ids], dim=1)
+        mm_token_type_ids = torch.cat(
+            [prompts.mm_token_type_ids[prompt_index], torch.zeros_like(completion_ids)], dim=1
+        )
+        inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask,
+                      mm_token_type_ids=mm_token_type_ids.to(device))
+        inputs |= self._vision_inputs(model, prompts, prompt_index)
+        hidden = decoder(model)(**inputs, use_cache=False).last_hidden_state  # (n, L, H)
+        return hidden[:, hidden.shape[1] - length - 1 : -1]

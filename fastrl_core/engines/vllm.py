@@ -142,6 +142,7 @@ class VLLMEngine:
         temperature: float = 1.0,
         sketch_projection=None,
         sketch_top_k: int = 20,
+        share_prompts: bool = True,
         model_path: str | None = None,
         gpu_memory_utilization: float = 0.3,
         enable_sleep_mode: bool = False,
@@ -155,7 +156,8 @@ class VLLMEngine:
             raise ValueError(f"VLLMEngine: the logprob sketch needs sketch_top_k >= 1, got {sketch_top_k}")
         vllm = import_vllm()
         # the HF twin scores kept rollouts for the trainer and checks the shared arguments (temperature > 0)
-        self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature)
+        self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature,
+                               share_prompts=share_prompts)
         self.policy = policy
         self.template = template
         self.max_new_tokens = max_new_tokens

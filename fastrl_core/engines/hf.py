@@ -431,7 +431,7 @@ class HFEngine:
         device = model.device
         attention_mask = torch.cat([prompts.attention_mask[prompt_index], completion_mask.long()], dim=1).to(device)
         length = completion_ids.shape[1]
-        if self._shares(model, prompt_index):
+        if length and self._shares(model, prompt_index):
             last_prompt_hidden, cache = self._shared_prompts(model, prompts, prompt_index, drop_last=False)
             offsets = decoder(model).rope_deltas  # (n, 1)
             positions = (attention_mask.cumsum(-1) - 1)[:, attention_mask.shape[1] - length:] + offsets  # (n, T)

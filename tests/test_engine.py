@@ -119,7 +119,7 @@ def test_shared_prefill_equals_a_prefill_per_row(sampled, policy, problems, shar
 
 
 def test_shared_prefill_over_long_completions(random_policy, problems):
-    """32 decoding steps from the shared cache (the random policy rarely ends): ~2,000 tokens equal to the
+    """32 decoding steps from the shared cache (the random policy rarely ends): ~380 tokens equal to the
     per-row prefill's, and the mRoPE offsets of rows with different prompt lengths kept apart."""
     counts = [5, 1, 0, 6]
     outs = [HFEngine(random_policy, max_new_tokens=32, share_prompts=share).generate(
@@ -127,6 +127,14 @@ def test_shared_prefill_over_long_completions(random_policy, problems):
     assert outs[0].completion_mask.sum() > 300
     assert torch.equal(outs[0].completion_ids, outs[1].completion_ids)
     torch.testing.assert_close(outs[0].behaviour_logprobs, outs[1].behaviour_logprobs, atol=1e-5, rtol=0)
+
+
+def test_share_prompts_comes_from_the_config(policy):
+    from fastrl_core.config import TrainConfig
+    from fastrl_core.trainer import make_engine
+
+    assert make_engine(TrainConfig(), policy, None).share_prompts
+    assert not make_engine(TrainConfig(share_prompts=False), policy, None).share_prompts
 
 
 def test_shared_prompt_scoring_equals_per_row_scoring(sampled, policy, problems):

@@ -46,8 +46,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-TRAIN_OVERRIDES = ["steps=1", "prompts_per_step=2", "sketch_top_k=64", "threads=1", "eval_every=0", "checkpoint_every=0", "synthetic_train=64",
-                   "synthetic_test=16", "budget=fixed"]
+TRAIN_OVERRIDES = ["steps=1", "prompts_per_step=2", "sketch_top_k=64", "threads=1", "eval_every=0",
+                   "checkpoint_every=0", "synthetic_train=64", "synthetic_test=16", "budget=fixed"]
 PRUNERS = ("fastrl", "none")
 
 

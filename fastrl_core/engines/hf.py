@@ -428,14 +428,14 @@ class HFEngine:
         gradients as the per-row forward up to float rounding (tests/test_engine.py); on the embedded regime's
         ~80-token prompts and ~16-token completions, 16 x 8 rollouts, ~2.4x less time (benchmarks/bench_engine.py).
         Per row: one forward over prompt + completion (`mm_token_type_ids` extended with zeros, NOTES §2)."""
-        device = model.device
+        device, inner = model.device, decoder(model)
         attention_mask = torch.cat([prompts.attention_mask[prompt_index], completion_mask.long()], dim=1).to(device)
         length = completion_ids.shape[1]
         if length and self._shares(model, prompt_index):
             last_prompt_hidden, cache = self._shared_prompts(model, prompts, prompt_index, drop_last=False)
-            offsets = decoder(model).rope_deltas  # (n, 1)
+            offsets = inner.rope_deltas  # (n, 1): gathered to the rows by `_shared_prompts`
             positions = (attention_mask.cumsum(-1) - 1)[:, attention_mask.shape[1] - length:] + offsets  # (n, T)
-            completion_hidden = decoder(model)(
+            completion_hidden = inner(
                 input_ids=completion_ids.to(device), attention_mask=attention_mask, past_key_values=cache,
                 position_ids=positions[None].expand(3, -1, -1), use_cache=True,
             ).last_hidden_state  # (n, T, H): position t predicts y_t+1
@@ -447,5 +447,5 @@ class HFEngine:
         inputs = dict(input_ids=input_ids.to(device), attention_mask=attention_mask,
                       mm_token_type_ids=mm_token_type_ids.to(device))
         inputs |= self._vision_inputs(model, prompts, prompt_index)
-        hidden = decoder(model)(**inputs, use_cache=False).last_hidden_state  # (n, L, H)
+        hidden = inner(**inputs, use_cache=False).last_hidden_state  # (n, L, H)
         return hidden[:, hidden.shape[1] - length - 1 : -1]

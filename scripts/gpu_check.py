@@ -70,6 +70,7 @@ def run_config(args, store: Path, *, pruner: str, engine: str, device: torch.dev
         sketch="logprob" if engine == "vllm" else "lm_head",
         sketch_dim=256, sketch_top_k=args.top_k, pruner=pruner, keep_ratio=0.5, min_keep=2, budget="fixed",
         eval_every=0, checkpoint_every=0, log_rollouts=True, update_rows=args.update_rows,
+        share_prompts=not args.per_row_prompts,
     )
     return load_config(None, [f"{k}={v}" for k, v in overrides.items()] + ["objective_args.beta=0.01"])
 
@@ -97,7 +98,7 @@ def make_engine(policy, projection, args, *, kind: str):
         from fastrl_core.engines.hf import HFEngine
 
         return HFEngine(policy, template=TEMPLATE, max_new_tokens=args.max_new_tokens, sketch_projection=projection,
-                        sketch_top_k=args.top_k)
+                        sketch_top_k=args.top_k, share_prompts=not args.per_row_prompts)
     from fastrl_core.engines.vllm import VLLMEngine
 
     return VLLMEngine(policy, template=TEMPLATE, max_new_tokens=args.max_new_tokens, sketch_projection=projection,
@@ -293,6 +294,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=20, help="top-K log-probs for the sketch")
     parser.add_argument("--update-rows", type=int, default=0,
                         help="rollouts per forward/backward in the update (the trainer's update_rows; 0 = all)")
+    parser.add_argument("--per-row-prompts", action="store_true",
+                        help="HF engine: one forward per rollout, prompt included (share_prompts=false)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="vLLM's share of the GPU")
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start)")

@@ -495,6 +495,8 @@ def test_every_aggregation_has_its_normaliser_units():
     from fastrl_core.algo.objectives import NORMALISER_UNITS
 
     assert set(NORMALISER_UNITS) == set(AGGREGATIONS.names()) == set(MODES)
+    mask = torch.ones(3, 5, dtype=torch.bool, device="meta")  # units live where the mask does (a GPU run found it)
+    assert all(units(mask, 5).device == mask.device for units in NORMALISER_UNITS.values())
 
 
 def test_absent_rows_by_hand_and_errors():

@@ -102,10 +102,10 @@ def _seq_mean_token_sum_norm(masked: Tensor, mask: Tensor, max_length: int, coun
 # What one response (B, T) -> (B,) adds to each aggregation's normaliser; the reduce functions above divide by
 # Σ_i m_i · units_i. `normaliser` reads it for rows that are not in the batch (pruned rows of a mini-batch).
 NORMALISER_UNITS: dict[str, Callable[[Tensor, int], Tensor]] = {
-    "seq_mean_token_mean": lambda mask, max_length: torch.ones(mask.shape[0], dtype=torch.float64),
+    "seq_mean_token_mean": lambda mask, max_length: torch.ones(mask.shape[0], dtype=torch.float64, device=mask.device),
     "token_mean": lambda mask, max_length: mask.sum(-1).double(),
     "seq_mean_token_sum_norm": lambda mask, max_length: torch.full((mask.shape[0],), float(max_length),
-                                                                   dtype=torch.float64),
+                                                                   dtype=torch.float64, device=mask.device),
 }
 
 

@@ -86,6 +86,10 @@ METHODS: dict[str, list[str]] = {
                           "minibatch_mode=as_sampled"],
     "fastrl_lossless_as_sampled": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=1.0",
                                    "minibatch_mode=as_sampled"],
+    # mini-batches of whole prompts (verl's unshuffled split): each update runs its few prompts once (share_prompts)
+    "grpo_grouped": ["pruner=none", "budget=fixed", "minibatch_grouping=prompts"],
+    "fastrl_grouped": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
+                       "minibatch_grouping=prompts"],
     "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
     "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", CUT, "objective=dapo"],
     "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],

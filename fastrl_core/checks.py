@@ -33,7 +33,7 @@ def registry_names() -> dict[str, list[str]]:
     """Valid names of each config key that names a registry entry."""
     from fastrl_core.algo.advantages import ADVANTAGES
     from fastrl_core.algo.budgets import BUDGETS
-    from fastrl_core.algo.minibatches import MINIBATCH_MODES
+    from fastrl_core.algo.minibatches import GROUPINGS, MINIBATCH_MODES
     from fastrl_core.algo.objectives import POLICY_LOSSES
     from fastrl_core.algo.pruners import PRUNERS
     from fastrl_core.algo.sketches import SKETCHES
@@ -42,7 +42,8 @@ def registry_names() -> dict[str, list[str]]:
 
     return {"objective": POLICY_LOSSES.names(), "advantage": ADVANTAGES.names(), "pruner": PRUNERS.names(),
             "budget": BUDGETS.names(), "sketch": SKETCHES.names(), "engine": sorted(ENGINES),
-            "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names()}
+            "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names(),
+            "minibatch_grouping": list(GROUPINGS)}
 
 
 def _keyword_parameters(fn: Callable, exclude: set[str]) -> tuple[dict[str, inspect.Parameter], bool]:

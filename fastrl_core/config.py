@@ -93,6 +93,9 @@ class TrainConfig:
                                  "'fixed_size' (mini-batch = prompts_per_step*rollouts_per_prompt/updates_per_step "
                                  "rows, so a pruned step makes fewer updates) or 'as_sampled' (the unpruned step's "
                                  "mini-batches less the pruned rows, which stay in the loss normaliser)")
+    minibatch_grouping: str = option("rows", "what the mini-batch permutation moves: 'rows' (EasyR1, TRL) or "
+                                     "'prompts' (whole prompts, so a mini-batch holds few prompts and the engine "
+                                     "runs each once for its rows: share_prompts; verl without shuffling)")
     update_rows: int = option(0, "rollouts per forward/backward inside an update (gradient accumulation over parts "
                               "of a mini-batch: each part's loss counts the others as absent rows, so the loss and "
                               "its gradient are the whole mini-batch's); bounds activation memory at real model "

@@ -317,7 +317,8 @@ class Trainer:
             minibatches = minibatch_plan(
                 decision.keep_mask[distinct], updates=config.updates_per_step, mode=config.minibatch_mode,
                 full_rows=config.prompts_per_step * config.rollouts_per_prompt,
-                generator=torch.Generator().manual_seed(seed + 2))
+                generator=torch.Generator().manual_seed(seed + 2),
+                groups=group_ids[distinct] if config.minibatch_grouping == "prompts" else None)
             if minibatches:
                 model.train()
             per_update = []

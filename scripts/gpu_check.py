@@ -296,6 +296,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="rollouts per forward/backward in the update (the trainer's update_rows; 0 = all)")
     parser.add_argument("--per-row-prompts", action="store_true",
                         help="HF engine: one forward per rollout, prompt included (share_prompts=false)")
+    parser.add_argument("--chunk-logits", type=int, default=None,
+                        help="float32 logits per chunk of the log-prob head (engines/logprobs.CHUNK_LOGITS, 2^25); "
+                             "to measure the chunk size on a GPU")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="vLLM's share of the GPU")
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
@@ -311,6 +314,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, key, dry if args.dry_run else real)
     if (args.dry_run or args.device == "cpu") and args.engine == "vllm":
         parser.error("on CPU (--dry-run, --device cpu) the HF engine runs; vLLM needs a GPU")
+    if args.chunk_logits is not None and args.chunk_logits < 1:
+        parser.error(f"--chunk-logits must be >= 1, got {args.chunk_logits}")
     return args
 
 
@@ -344,6 +349,10 @@ def main(argv=None) -> dict:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device; run with --dry-run (tiny) or --device cpu (real widths) on CPU")
     torch.set_num_threads(args.threads)
+    if args.chunk_logits is not None:
+        from fastrl_core.engines import logprobs
+
+        logprobs.CHUNK_LOGITS = args.chunk_logits  # read at each call (chunked_token_logprobs)
     kind, no_vllm = engine_kind(args)
     started = time.perf_counter()
     summary: dict = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",

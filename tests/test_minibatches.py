@@ -132,3 +132,58 @@ def test_other_modes_plan_only_kept_rows(mode):
     same = minibatch_indices(20, updates=4, mode=mode, full_rows=128, generator=torch.Generator().manual_seed(1))
     assert [b.kept.tolist() for b in plan] == [c.tolist() for c in same]
     assert all(b.absent.numel() == 0 for b in plan)
+
+
+# ---- minibatch_grouping=prompts: whole prompts permuted, rows of a prompt together ----------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=20), updates=st.integers(1, 6),
+       mode=st.sampled_from(["equal_updates", "fixed_size"]), seed=st.integers(0, 2**31))
+def test_grouped_minibatches_partition_the_rows_with_the_row_splits_sizes(sizes, updates, mode, seed):
+    groups = torch.repeat_interleave(torch.randperm(len(sizes), generator=torch.Generator().manual_seed(seed)),
+                                     torch.tensor(sizes))  # rows of a prompt adjacent, prompts in any order
+    groups = groups[torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed + 1))]  # and mixed
+    grouped = minibatch_indices(len(groups), updates=updates, mode=mode, full_rows=64,
+                                generator=torch.Generator().manual_seed(seed), groups=groups)
+    rows = _split(len(groups), updates, mode, full_rows=64, seed=seed)
+    assert _sizes(grouped) == _sizes(rows)
+    assert sorted(torch.cat(grouped).tolist()) == list(range(len(groups)))
+    assert all(torch.equal(b, b.sort().values) for b in grouped)
+    # each prompt's rows are contiguous in the permutation: a prompt spans consecutive mini-batches and at most
+    # the mini-batches boundaries cut it, so the prompts in all mini-batches together are at most P + cuts
+    prompts_per_batch = [len(groups[b].unique()) for b in grouped]
+    assert sum(prompts_per_batch) <= len(sizes) + len(grouped) - 1
+    spans = {}
+    for i, batch in enumerate(grouped):
+        for prompt in groups[batch].unique().tolist():
+            spans.setdefault(prompt, []).append(i)
+    assert all(span == list(range(span[0], span[-1] + 1)) for span in spans.values())
+
+
+def test_grouped_minibatches_hold_fewer_prompts_than_row_shuffles():
+    groups = torch.arange(16).repeat_interleave(6)  # 16 prompts x 6 kept rows, 4 updates
+    generator = torch.Generator().manual_seed(0)
+    grouped = minibatch_indices(96, updates=4, mode="equal_updates", full_rows=128, generator=generator,
+                                groups=groups)
+    assert [len(groups[b].unique()) for b in grouped] == [4, 4, 4, 4]
+    shuffled = _split(96, 4, "equal_updates", seed=0)
+    assert min(len(groups[b].unique()) for b in shuffled) > 4
+    other = minibatch_indices(96, updates=4, mode="equal_updates", full_rows=128,
+                              generator=torch.Generator().manual_seed(1), groups=groups)
+    assert any(not torch.equal(a, b) for a, b in zip(grouped, other)), "the prompt order is drawn from the seed"
+
+
+def test_grouped_plan_takes_the_kept_rows_groups_and_checks_their_shape():
+    keep = torch.tensor([True, False, True, True, False, True, True, True])
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    plan = minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=8,
+                          generator=torch.Generator().manual_seed(0), groups=groups)
+    kept_groups = groups[keep]  # (6,) prompts of the kept rows 0..5
+    assert sorted(torch.cat([b.kept for b in plan]).tolist()) == list(range(6))
+    assert sum(len(kept_groups[b.kept].unique()) for b in plan) <= 3 + 1
+    absent = minibatch_plan(keep, updates=2, mode="as_sampled", full_rows=8,
+                            generator=torch.Generator().manual_seed(0), groups=groups)
+    assert sorted(torch.cat([b.absent for b in absent]).tolist()) == [1, 4]
+    with pytest.raises(ValueError, match="groups must have the keep mask's shape"):
+        minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=8,
+                       generator=torch.Generator().manual_seed(0), groups=groups[:5])

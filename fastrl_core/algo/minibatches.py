@@ -42,6 +42,11 @@ unweighted mean over its mini-batches and `updates` counts them.
 Rows are assigned by a seeded permutation (reproducible: resume replays it) and each mini-batch lists its rows in
 ascending order, so a single mini-batch is exactly `range(K)`: with `updates=1` (either mode, K <= full_rows) the
 step is the one-update step, unchanged.
+
+Grouping (`minibatch_grouping`): `rows` permutes rows (EasyR1, TRL); `prompts` permutes prompts and keeps each
+prompt's rows together before the split (verl's mini-batches without shuffling are contiguous prompt groups), so a
+mini-batch holds few prompts and the engine runs each of its prompts once for all its rows (`share_prompts`); a
+prompt may straddle two mini-batches. The sizes the mode gives are the same either way.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from fastrl_core.algo.registry import Registry
 MinibatchSplit = Callable[[Tensor, int, int], list[Tensor]]
 MINIBATCH_MODES: Registry[MinibatchSplit] = Registry("minibatch mode")
 OVER_SAMPLED_ROWS = {"as_sampled"}  # modes that split every distinct row, pruned ones included
+GROUPINGS = ("rows", "prompts")  # what the permutation moves (module docstring)
 
 
 @MINIBATCH_MODES.register("equal_updates")
@@ -89,31 +95,36 @@ class Minibatch:
 
 
 def minibatch_plan(keep_mask: Tensor, *, updates: int, mode: str, full_rows: int,
-                   generator: torch.Generator) -> list[Minibatch]:
+                   generator: torch.Generator, groups: Tensor | None = None) -> list[Minibatch]:
     """The step's updates from the keep mask (D,) bool over its distinct rows: modes that split kept rows
     (`minibatch_indices` over the K kept) have no absent rows; `as_sampled` splits all D rows and may give a
-    mini-batch with no kept row (its update then has no terms but still counts, as GRPO's would)."""
+    mini-batch with no kept row (its update then has no terms but still counts, as GRPO's would). groups: (D,)
+    each distinct row's prompt, to keep a prompt's rows together (`minibatch_grouping=prompts`); None: rows."""
+    if groups is not None and groups.shape != keep_mask.shape:
+        raise ValueError(f"groups must have the keep mask's shape {tuple(keep_mask.shape)}, got {tuple(groups.shape)}")
     if mode not in OVER_SAMPLED_ROWS:
         chunks = minibatch_indices(int(keep_mask.sum()), updates=updates, mode=mode, full_rows=full_rows,
-                                   generator=generator)
+                                   generator=generator, groups=None if groups is None else groups[keep_mask])
         return [Minibatch(kept=chunk, absent=torch.zeros(0, dtype=torch.long)) for chunk in chunks]
     position = torch.cumsum(keep_mask.long(), 0) - 1  # (D,) index among the kept rows, where kept
     plan = []
     for chunk in minibatch_indices(keep_mask.numel(), updates=updates, mode=mode, full_rows=full_rows,
-                                   generator=generator):
+                                   generator=generator, groups=groups):
         kept_here = keep_mask[chunk]
         plan.append(Minibatch(kept=position[chunk[kept_here]], absent=chunk[~kept_here]))
     return plan
 
 
 def minibatch_indices(num_rows: int, *, updates: int, mode: str, full_rows: int,
-                      generator: torch.Generator) -> list[Tensor]:
+                      generator: torch.Generator, groups: Tensor | None = None) -> list[Tensor]:
     """Split rows 0..num_rows-1 into mini-batches: a list of 1-D long tensors, each ascending, together a
     partition of the rows (an empty list when num_rows is 0).
 
     updates: optimiser updates of a full step (>= 1); mode: a `MINIBATCH_MODES` name; full_rows: rollouts of a
-    full, unpruned step (>= 1; used by "fixed_size"); generator: seeds the row permutation, drawn only when the
-    split gives more than one mini-batch (a single mini-batch is all rows in order and consumes no randomness).
+    full, unpruned step (>= 1; used by "fixed_size"); generator: seeds the permutation, drawn only when the
+    split gives more than one mini-batch (a single mini-batch is all rows in order and consumes no randomness);
+    groups: (num_rows,) each row's prompt: the permutation then moves whole prompts, rows of a prompt in
+    ascending order after one another; None: it moves rows.
     """
     split = MINIBATCH_MODES.get(mode)
     if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
@@ -126,5 +137,12 @@ def minibatch_indices(num_rows: int, *, updates: int, mode: str, full_rows: int,
         return []
     if len(split(torch.arange(num_rows), updates, full_rows)) == 1:  # chunk sizes depend only on num_rows
         return [torch.arange(num_rows)]
-    order = torch.randperm(num_rows, generator=generator)
+    if groups is None:
+        order = torch.randperm(num_rows, generator=generator)
+    else:
+        if groups.shape != (num_rows,):
+            raise ValueError(f"groups must have shape ({num_rows},), got {tuple(groups.shape)}")
+        prompts, prompt_of_row = torch.unique(groups, return_inverse=True)
+        place = torch.randperm(len(prompts), generator=generator)[prompt_of_row]  # (num_rows,) its prompt's place
+        order = torch.argsort(place * num_rows + torch.arange(num_rows))  # by prompt place, then row
     return [chunk.sort().values for chunk in split(order, updates, full_rows)]

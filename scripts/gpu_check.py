@@ -70,7 +70,8 @@ def run_config(args, store: Path, *, pruner: str, engine: str, device: torch.dev
         sketch="logprob" if engine == "vllm" else "lm_head",
         sketch_dim=256, sketch_top_k=args.top_k, pruner=pruner, keep_ratio=0.5, min_keep=2, budget="fixed",
         eval_every=0, checkpoint_every=0, log_rollouts=True, update_rows=args.update_rows,
-        share_prompts=not args.per_row_prompts,
+        share_prompts=not args.per_row_prompts, updates_per_step=args.updates,
+        minibatch_grouping="prompts" if args.grouped_minibatches else "rows",
     )
     return load_config(None, [f"{k}={v}" for k, v in overrides.items()] + ["objective_args.beta=0.01"])
 
@@ -209,7 +210,7 @@ def rollout_throughput(engine, problems, args, device) -> dict:
 
 def train_steps(name: str, trainer: Trainer, args, device: torch.device) -> list[dict]:
     """`args.steps` calls of `trainer.train_step()`, one row each: the trainer's phase seconds (`t_<phase>`), kept
-    count, generated tokens, weight-sync seconds, sampler/trainer log-prob gap and peak GPU memory (MiB)."""
+    count, optimiser updates, generated tokens, weight-sync seconds, sampler/trainer log-prob gap and peak GPU memory (MiB)."""
     engine = trainer.engine
     rows = []
     for _ in range(args.steps):
@@ -220,7 +221,7 @@ def train_steps(name: str, trainer: Trainer, args, device: torch.device) -> list
         seconds = {key[len("time_"):]: value for key, value in row.items() if key.startswith("time_")}
         rows.append({
             "method": name, "step": row["step"], "sampled": row["rollouts_sampled"], "kept": row["rollouts_kept"],
-            "tokens": engine.tokens, "gen_tokens_per_s": engine.tokens / max(seconds["generate"], 1e-9),
+            "updates": row["updates"], "tokens": engine.tokens, "gen_tokens_per_s": engine.tokens / max(seconds["generate"], 1e-9),
             "logprob_gap": engine.logprob_gap, "loss": row.get("loss", float("nan")),
             **{f"t_{phase}": value for phase, value in seconds.items()}, "t_sync": engine.sync_seconds,
             "t_total": sum(seconds.values()),
@@ -296,6 +297,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="rollouts per forward/backward in the update (the trainer's update_rows; 0 = all)")
     parser.add_argument("--per-row-prompts", action="store_true",
                         help="HF engine: one forward per rollout, prompt included (share_prompts=false)")
+    parser.add_argument("--updates", type=int, default=1, help="PPO updates per step (updates_per_step; paper 4)")
+    parser.add_argument("--grouped-minibatches", action="store_true",
+                        help="mini-batches of whole prompts (minibatch_grouping=prompts), with --updates > 1")
     parser.add_argument("--chunk-logits", type=int, default=None,
                         help="float32 logits per chunk of the log-prob head (engines/logprobs.CHUNK_LOGITS, 2^25); "
                              "to measure the chunk size on a GPU")
@@ -314,6 +318,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, key, dry if args.dry_run else real)
     if (args.dry_run or args.device == "cpu") and args.engine == "vllm":
         parser.error("on CPU (--dry-run, --device cpu) the HF engine runs; vLLM needs a GPU")
+    if args.updates < 1:
+        parser.error(f"--updates must be >= 1, got {args.updates}")
+    if args.grouped_minibatches and args.updates == 1:
+        parser.error("--grouped-minibatches needs --updates > 1 (one mini-batch holds every row either way)")
     if args.chunk_logits is not None and args.chunk_logits < 1:
         parser.error(f"--chunk-logits must be >= 1, got {args.chunk_logits}")
     return args

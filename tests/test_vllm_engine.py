@@ -147,6 +147,17 @@ def test_gpu_check_dry_run_runs_every_part_on_cpu(tmp_path):
     assert 0 < kept_fraction <= 0.5  # fastrl keeps at most ceil(0.5 * 4) of each group of 4
 
 
+def test_gpu_check_runs_grouped_minibatches_and_refuses_them_with_one_update(tmp_path):
+    """--updates / --grouped-minibatches reach the trainer (the rows record the updates made); grouping with a
+    single mini-batch would change nothing, so it is refused."""
+    check = _gpu_check()
+    summary = check["main"](["--dry-run", "--steps", "1", "--skip-trl", "--updates", "2", "--grouped-minibatches"])
+    assert [row["updates"] for row in summary["steps"]] == [2, 2]
+    for argv in (["--grouped-minibatches"], ["--updates", "0"]):
+        with pytest.raises(SystemExit):
+            check["parse_args"](argv)
+
+
 def test_gpu_check_falls_back_to_the_hf_engine_without_vllm(monkeypatch):
     import importlib.util
 

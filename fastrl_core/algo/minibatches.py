@@ -46,9 +46,9 @@ step is the one-update step, unchanged.
 Grouping (`minibatch_grouping`): `rows` permutes rows (EasyR1, TRL); `prompts` permutes prompts and keeps each
 prompt's rows together before the split (verl's mini-batches without shuffling are contiguous prompt groups), so a
 mini-batch holds few prompts and the engine runs each of its prompts once for all its rows (`share_prompts`); a
-prompt may straddle two mini-batches. The sizes the mode gives are the same either way. Measured (5 seeds, paper
+prompt may straddle two mini-batches. The sizes the mode gives are the same either way. Measured (8 seeds, paper
 regime, docs/bench/paper-long/shared-prompts/grouped): the update runs a quarter faster (GRPO's step 1.13x, FastRL's
-1.29x against 1.14x), at about a point of mean@4 per step (GRPO -0.9 +- 0.9, FastRL -1.3 +- 2.2): fewer prompts per
+1.28x against 1.15x), at about a point of mean@4 per step (GRPO -0.6 +- 0.6, FastRL -1.1 +- 1.1): fewer prompts per
 AdamW step. So `rows` is the default.
 """
 

@@ -210,7 +210,8 @@ def rollout_throughput(engine, problems, args, device) -> dict:
 
 def train_steps(name: str, trainer: Trainer, args, device: torch.device) -> list[dict]:
     """`args.steps` calls of `trainer.train_step()`, one row each: the trainer's phase seconds (`t_<phase>`), kept
-    count, optimiser updates, generated tokens, weight-sync seconds, sampler/trainer log-prob gap and peak GPU memory (MiB)."""
+    count, optimiser updates, generated tokens, weight-sync seconds, sampler/trainer log-prob gap and peak GPU
+    memory (MiB)."""
     engine = trainer.engine
     rows = []
     for _ in range(args.steps):
@@ -221,7 +222,8 @@ def train_steps(name: str, trainer: Trainer, args, device: torch.device) -> list
         seconds = {key[len("time_"):]: value for key, value in row.items() if key.startswith("time_")}
         rows.append({
             "method": name, "step": row["step"], "sampled": row["rollouts_sampled"], "kept": row["rollouts_kept"],
-            "updates": row["updates"], "tokens": engine.tokens, "gen_tokens_per_s": engine.tokens / max(seconds["generate"], 1e-9),
+            "updates": row["updates"], "tokens": engine.tokens,
+            "gen_tokens_per_s": engine.tokens / max(seconds["generate"], 1e-9),
             "logprob_gap": engine.logprob_gap, "loss": row.get("loss", float("nan")),
             **{f"t_{phase}": value for phase, value in seconds.items()}, "t_sync": engine.sync_seconds,
             "t_total": sum(seconds.values()),

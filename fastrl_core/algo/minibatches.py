@@ -147,5 +147,5 @@ def minibatch_indices(num_rows: int, *, updates: int, mode: str, full_rows: int,
             raise ValueError(f"groups must have shape ({num_rows},), got {tuple(groups.shape)}")
         prompts, prompt_of_row = torch.unique(groups, return_inverse=True)
         place = torch.randperm(len(prompts), generator=generator)[prompt_of_row]  # (num_rows,) its prompt's place
-        order = torch.argsort(place * num_rows + torch.arange(num_rows))  # by prompt place, then row
+        order = torch.argsort(place, stable=True)  # by prompt place; a prompt's rows stay ascending
     return [chunk.sort().values for chunk in split(order, updates, full_rows)]

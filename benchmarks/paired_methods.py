@@ -4,7 +4,8 @@
         fastrl_cost:fastrl fastrl_cost:adaptive_only [--other docs/bench/paper-sampled/sampled/results.json] \
         [--store /tmp/benchN]
 
-For each pair A:B, per seed, A's final accuracy, gain at equal time (points) and training seconds minus B's, then
+For each pair A:B, per seed, A's final accuracy, gains at equal time and at equal rollouts (points; the latter absent
+from reports written before it existed) and training seconds minus B's, then
 mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`), after each method's mean final accuracy,
 step speed-up (geometric mean of each run's ratio to the GRPO of its own bench, `metrics.ratio_ci`) and rollouts
 sampled over those seeds. `--also` joins more reports' runs to the report's, so a pair spans several benches (the first
@@ -30,7 +31,8 @@ import pandas as pd
 
 from fastrl_core import metrics, store
 
-FIGURES = {"final_accuracy": 100.0, "gain_at_equal_time": 100.0, "train_seconds": 1.0}  # key -> unit scale
+FIGURES = {"final_accuracy": 100.0, "gain_at_equal_time": 100.0, "gain_at_equal_rollouts": 100.0,
+           "train_seconds": 1.0}  # key -> unit scale
 LOSSY = ("LOW_ADVANTAGE", "REDUNDANT")
 
 
@@ -61,8 +63,10 @@ def paired(a: dict, b: dict, method_a: str, method_b: str) -> None:
               f"against its bench's GRPO {speedup.text('.2f', '×')}; rollouts sampled {sampled.text(',.0f')}")
     for key, scale in FIGURES.items():
         diffs = [scale * (a[method_a, s][key] - b[method_b, s][key]) for s in seeds
-                 if a[method_a, s][key] is not None and b[method_b, s][key] is not None]
-        print(f"{method_a} − {method_b}  {key:18s} per seed {[round(d, 2) for d in diffs]}  "
+                 if a[method_a, s].get(key) is not None and b[method_b, s].get(key) is not None]
+        if not diffs:  # a report from before the figure existed
+            continue
+        print(f"{method_a} − {method_b}  {key:22s} per seed {[round(d, 2) for d in diffs]}  "
               f"-> {metrics.mean_ci(diffs).text('+.2f')}")
 
 

@@ -251,16 +251,17 @@ def _fmt(value, spec: str = ".3f", suffix: str = "") -> str:
 def markdown_table(summary, per_run) -> str:
     """Every method's mean ± 95 % interval (ratios: geometric mean [interval])."""
     header = ("| method | overrides | seeds | final acc | step speed-up (wall) | step speed-up (CPU) | "
-              "time-to-target speed-up | reached target | AUC | s/step | CPU s/step | rollouts sampled | kept | "
-              + " | ".join(f"{p} s/step" for p in PHASES) + " |")
-    lines = [header, "|" + "---|" * (13 + len(PHASES))]
+              "time-to-target speed-up | rollouts to target (× GRPO's) | reached target | AUC | s/step | CPU s/step | "
+              "rollouts sampled | kept | " + " | ".join(f"{p} s/step" for p in PHASES) + " |")
+    lines = [header, "|" + "---|" * (14 + len(PHASES))]
     for _, row in summary.iterrows():
         iv = lambda name: metrics.interval(row, name)  # noqa: E731
         lines.append(
             f"| {row['method']} | `{' '.join(METHODS.get(row['method'], []))}` | {len(row['seeds'])} | "
             f"{iv('final_accuracy').text('.3f')} | {iv('step_speedup').text('.2f', '×')} | "
             f"{iv('cpu_step_speedup').text('.2f', '×')} | {iv('target_speedup').text('.2f', '×')} | "
-            f"{row['target_reached']}/{len(row['seeds'])} | {iv('auc').text('.3f')} | "
+            f"{iv('target_rollout_share').text('.2f', '×')} | {row['target_reached']}/{len(row['seeds'])} | "
+            f"{iv('auc').text('.3f')} | "
             f"{iv('seconds_per_step').text('.3f')} | {iv('cpu_per_step').text('.3f')} | "
             f"{iv('rollouts_sampled').text('.0f')} | {iv('kept_fraction').text('.2f')} | "
             + " | ".join(_fmt(row[f"time_{p}_mean"], ".3f") for p in PHASES) + " |")
@@ -275,7 +276,8 @@ def markdown_table(summary, per_run) -> str:
         "method's for the same steps. Time-to-target: training seconds until the trailing mean of "
         f"{metrics.WINDOW} evaluations reaches acc0 + {metrics.TARGET_SHARE} × (GRPO's mean final − acc0)"
         + (f" = {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))}" if len(target) else "")
-        + "; over seeds where both runs reached it (reached target: seeds of the method that did). "
+        + "; over seeds where both runs reached it (reached target: seeds of the method that did). Rollouts to "
+        "target: rollouts sampled until then, over GRPO's (< 1: fewer samples). "
         f"AUC: mean accuracy over the first {_fmt(horizon, '.1f')} s of training (the shortest run).",
     ]
     return "\n".join(lines + notes)
@@ -290,11 +292,13 @@ def _points(row, name: str) -> str:
 
 
 def headline_table(summary) -> str:
-    """The README's table: per method, accuracy, its paired gain over the same objective's GRPO at equal steps and
-    at equal training seconds, the two speed-ups, rollouts, and the paper's own figure where it ran the method."""
-    lines = ["| method | seeds | final acc | vs its GRPO, paired (pts) | at equal time (pts) | step speed-up | "
-             "time-to-target speed-up (reached) | rollouts sampled | kept | paper (speed-up · acc) |",
-             "|" + "---|" * 10]
+    """The README's table: per method, accuracy, its paired gain over the same objective's GRPO at equal steps, at
+    equal training seconds and at equal rollouts sampled, the two speed-ups, rollouts (in all and to the target),
+    and the paper's own figure where it ran the method."""
+    lines = ["| method | seeds | final acc | vs its GRPO, paired (pts) | at equal time (pts) | "
+             "at equal rollouts (pts) | step speed-up | time-to-target speed-up (reached) | rollouts sampled | rollouts to target | kept | "
+             "paper (speed-up · acc) |",
+             "|" + "---|" * 12]
     sampled = dict(zip(summary["method"], summary["rollouts_sampled_mean"]))
     for _, row in summary.iterrows():
         iv = lambda name: metrics.interval(row, name)  # noqa: E731
@@ -303,10 +307,12 @@ def headline_table(summary) -> str:
         lines.append(
             f"| {row['method']} | {len(row['seeds'])} | {iv('final_accuracy').text('.3f')} | "
             f"{_points(row, 'accuracy_gain')} | {_points(row, 'gain_at_equal_time')} | "
+            f"{_points(row, 'gain_at_equal_rollouts')} | "
             f"{iv('step_speedup').text('.2f', '×')} | {iv('target_speedup').text('.2f', '×')} "
             f"({row['target_reached']}/{len(row['seeds'])}) | {row['rollouts_sampled_mean']:,.0f}"
             + (f" ({share:+.0%})" if math.isfinite(share) and row["method"] != base else "")
-            + f" | {row['kept_fraction_mean']:.0%} | {PAPER_FIGURES.get(row['method'], '—')} |")
+            + f" | {iv('target_rollout_share').text('.2f', '×')} | {row['kept_fraction_mean']:.0%} | "
+            f"{PAPER_FIGURES.get(row['method'], '—')} |")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ Per run (one method under one seed), from its steps rows and evaluation rows:
     trainer's `wall_time` after the steps before it) and process CPU seconds (cumulative `cpu_<phase>`);
   - final accuracy: mean of the last `WINDOW` (3) evaluations after the warm start;
   - train seconds for the run's steps, seconds per step (wall and CPU), seconds per step in each phase;
-  - rollouts sampled and kept;
+  - rollouts sampled and kept; the curve also against rollouts sampled before each evaluation;
   - time to target: training seconds at the first evaluation whose trailing mean of `WINDOW` evaluations (after
     the warm start's) reaches the target (None = never reached: kept in the table as such, not dropped);
   - area under the accuracy-time curve: mean accuracy over [0, horizon] seconds, the curve linear between
@@ -23,7 +23,9 @@ Against the baseline of its objective (plain GRPO: pruner `none`, budget `fixed`
     hits both cancels);
   - gain at equal time: the mean, over the run's last `WINDOW` evaluations, of its accuracy minus GRPO's at the
     same training seconds (GRPO's curve linear between its evaluations; NaN where GRPO was not trained that
-    long). A method that is cheaper per step but learns less per step scores 0 here, whatever its step speed-up.
+    long). A method that is cheaper per step but learns less per step scores 0 here, whatever its step speed-up;
+  - the same against rollouts sampled instead of seconds (sample efficiency, whatever a rollout costs): gain at
+    equal rollouts, and rollouts to target as a share of GRPO's (< 1: the target for fewer samples).
 
 Over the steps of all runs of one bench (one model, one machine): `phase_costs` fits each phase's seconds per step
 as fixed + per_rollout * count, the count being what the phase scales with (`COST_COUNTS`); the fixed part is what
@@ -114,7 +116,7 @@ def ratio_ci(ratios: Iterable[float | None], confidence: float = CONFIDENCE) -> 
 
 
 # ----------------------------------------------------------------------------------------------- one run
-CURVE_COLUMNS = ["step", "wall_time", "cpu_time", "accuracy"]
+CURVE_COLUMNS = ["step", "wall_time", "cpu_time", "rollouts", "accuracy"]
 
 
 def cpu_seconds(steps: pd.DataFrame) -> pd.Series:
@@ -126,20 +128,27 @@ def cpu_seconds(steps: pd.DataFrame) -> pd.Series:
 
 
 def eval_curve(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
-    """One run's evaluations: step, wall_time (training seconds before it), cpu_time, accuracy, by step.
+    """One run's evaluations: step, wall_time (training seconds before it), cpu_time, rollouts (sampled before
+    it), accuracy, by step.
 
     An evaluation at step s follows steps 0..s-1: its seconds are the eval row's own wall_time when recorded,
-    else the wall_time of steps row s-1 (0 at s = 0); cpu_time is the CPU seconds of steps rows 0..s-1.
+    else the wall_time of steps row s-1 (0 at s = 0); cpu_time is the CPU seconds of steps rows 0..s-1 and
+    rollouts their rollouts_sampled (NaN for steps rows without them).
     """
     steps = steps.sort_values("step")
-    wall = dict(zip(steps["step"].astype(int) + 1, steps["wall_time"].astype(float)))
-    cpu = dict(zip(steps["step"].astype(int) + 1, cpu_seconds(steps).cumsum(skipna=False).astype(float)))
+    after = steps["step"].astype(int) + 1
+    wall = dict(zip(after, steps["wall_time"].astype(float)))
+    cpu = dict(zip(after, cpu_seconds(steps).cumsum(skipna=False).astype(float)))
+    sampled = steps["rollouts_sampled"].astype(float) if "rollouts_sampled" in steps else pd.Series(np.nan,
+                                                                                                     steps.index)
+    rollouts = dict(zip(after, sampled.cumsum(skipna=False)))
     evals = evals.sort_values("step")
     step = evals["step"].astype(int).to_numpy()
     own = evals["wall_time"].astype(float).to_numpy() if "wall_time" in evals else np.full(len(evals), np.nan)
     looked_up = np.array([0.0 if s == 0 else wall.get(s, np.nan) for s in step])
     return pd.DataFrame({"step": step, "wall_time": np.where(np.isfinite(own), own, looked_up),
                          "cpu_time": [0.0 if s == 0 else cpu.get(s, np.nan) for s in step],
+                         "rollouts": [0.0 if s == 0 else rollouts.get(s, np.nan) for s in step],
                          "accuracy": evals["accuracy"].astype(float).to_numpy()}, columns=CURVE_COLUMNS)
 
 
@@ -256,8 +265,9 @@ def common_horizon(curves: dict[str, pd.DataFrame]) -> float:
 def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame, *,
                  horizon: float | None = None) -> pd.DataFrame:
     """Per-run figures with the baseline comparison: one row per run of `labels` (run_labels columns) with
-    run_figures, baseline_method, target_accuracy, time_to_target, target_speedup, step_speedup,
-    cpu_step_speedup, accuracy_gain (final accuracy minus the same seed's baseline's), gain_at_equal_time,
+    run_figures, baseline_method, target_accuracy, time_to_target, target_speedup, rollouts_to_target,
+    target_rollout_share (its rollouts to target / the baseline's), step_speedup, cpu_step_speedup,
+    accuracy_gain (final accuracy minus the same seed's baseline's), gain_at_equal_time, gain_at_equal_rollouts,
     auc and horizon. `steps` / `evals`: read_steps / read_evals rows of those runs."""
     by_run = {run_id: (s, evals[evals["run_id"] == run_id]) for run_id, s in steps.groupby("run_id", sort=False)}
     empty_steps, empty_evals = steps.iloc[:0], evals.iloc[:0]
@@ -272,8 +282,9 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
     if table.empty:
         return table
     baselines = table[table["is_baseline"]]
-    for column in ("baseline_method", "target_accuracy", "time_to_target", "target_speedup", "step_speedup",
-                   "cpu_step_speedup", "accuracy_gain", "gain_at_equal_time"):
+    for column in ("baseline_method", "target_accuracy", "time_to_target", "target_speedup", "rollouts_to_target",
+                   "target_rollout_share", "step_speedup", "cpu_step_speedup", "accuracy_gain", "gain_at_equal_time",
+                   "gain_at_equal_rollouts"):
         table[column] = None
     for objective, group in table.groupby("objective", sort=False):
         base = baselines[baselines["objective"] == objective]
@@ -285,10 +296,12 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
         target = acc0 + TARGET_SHARE * (float(base["final_accuracy"].mean()) - acc0)
         base_by_seed = base.drop_duplicates("seed", keep="last").set_index("seed")
         for index, row in group.iterrows():
-            reach = time_to_target(curves[row["run_id"]], target) if math.isfinite(target) else None
+            found = math.isfinite(target)
             table.at[index, "baseline_method"] = base_method
             table.at[index, "target_accuracy"] = target
-            table.at[index, "time_to_target"] = reach
+            table.at[index, "time_to_target"] = time_to_target(curves[row["run_id"]], target) if found else None
+            table.at[index, "rollouts_to_target"] = (time_to_target(curves[row["run_id"]], target, x="rollouts")
+                                                     if found else None)
         for index, row in group.iterrows():
             if row["seed"] not in base_by_seed.index:
                 continue
@@ -299,21 +312,26 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
             table.at[index, "cpu_step_speedup"] = _ratio(seconds_for_steps(theirs, n, cpu=True),
                                                          seconds_for_steps(mine, n, cpu=True))
             table.at[index, "accuracy_gain"] = row["final_accuracy"] - paired["final_accuracy"]
-            table.at[index, "gain_at_equal_time"] = gain_at_equal_time(curves[row["run_id"]],
-                                                                       curves[paired["run_id"]])
-            base_reach = table.loc[table["run_id"] == paired["run_id"], "time_to_target"].iloc[0]
-            table.at[index, "target_speedup"] = _ratio(base_reach, table.at[index, "time_to_target"])
+            for x in ("time", "rollouts"):
+                table.at[index, f"gain_at_equal_{x}"] = gain_at_equal(curves[row["run_id"]], curves[paired["run_id"]],
+                                                                      x="wall_time" if x == "time" else x)
+            base_row = table.loc[table["run_id"] == paired["run_id"]].iloc[0]
+            table.at[index, "target_speedup"] = _ratio(base_row["time_to_target"], table.at[index, "time_to_target"])
+            table.at[index, "target_rollout_share"] = _ratio(table.at[index, "rollouts_to_target"],
+                                                             base_row["rollouts_to_target"])
     return table
 
 
-def gain_at_equal_time(curve: pd.DataFrame, baseline: pd.DataFrame, window: int = WINDOW) -> float:
+def gain_at_equal(curve: pd.DataFrame, baseline: pd.DataFrame, *, x: str = "wall_time", window: int = WINDOW
+                  ) -> float:
     """Mean over `curve`'s last `window` evaluations after step 0 of accuracy − `baseline`'s accuracy at the same
-    wall_time (linear between its evaluations); NaN when any of those times lies outside the baseline's."""
+    `x` (training seconds, or rollouts sampled; linear between its evaluations); NaN when any of those points
+    lies outside the baseline's."""
     trained = curve[curve["step"] > 0].tail(window)
-    t, y = baseline["wall_time"].to_numpy(dtype=float), baseline["accuracy"].to_numpy(dtype=float)
+    t, y = baseline[x].to_numpy(dtype=float), baseline["accuracy"].to_numpy(dtype=float)
     keep = np.isfinite(t) & np.isfinite(y)
     t, y = t[keep], y[keep]
-    at = trained["wall_time"].to_numpy(dtype=float)
+    at = trained[x].to_numpy(dtype=float)
     if not len(at) or not len(t) or not np.all((at >= t[0]) & (at <= t[-1])):
         return math.nan
     return float(np.mean(trained["accuracy"].to_numpy(dtype=float) - np.interp(at, t, y)))
@@ -325,10 +343,10 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return float(numerator) / float(denominator)
 
 
-SUMMARY_MEANS = ["final_accuracy", "accuracy_gain", "gain_at_equal_time", "auc", "seconds_per_step", "cpu_per_step",
-                 "rollouts_sampled", "rollouts_kept", "kept_fraction",
+SUMMARY_MEANS = ["final_accuracy", "accuracy_gain", "gain_at_equal_time", "gain_at_equal_rollouts", "auc",
+                 "seconds_per_step", "cpu_per_step", "rollouts_sampled", "rollouts_kept", "kept_fraction",
                  *[f"{kind}_{p}" for p in PHASES for kind in ("time", "cpu")]]
-SUMMARY_RATIOS = ["step_speedup", "cpu_step_speedup", "target_speedup"]
+SUMMARY_RATIOS = ["step_speedup", "cpu_step_speedup", "target_speedup", "target_rollout_share"]
 
 
 def summarise(per_run: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:

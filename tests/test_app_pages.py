@@ -376,6 +376,13 @@ def test_runs_page_on_real_runs(monkeypatch, trained):
     assert {t["name"] for t in phases["data"]} == measured
     at.radio(key="methods_x").set_value("CPU seconds").run()
     assert not at.exception and frame(at, "methods_table").shape[0] == 2
+    at.radio(key="methods_x").set_value("rollouts sampled").run()  # every seed's curve up to the fewest sampled
+    band = next(s for s in plotly_specs(at) if s["layout"]["xaxis"]["title"]["text"] == "rollouts sampled")
+    evals = store.read_evals(store_dir, list(run_ids.values()))
+    last = evals.groupby("run_id")["step"].max()
+    fewest = min(steps.loc[(steps["run_id"] == r) & (steps["step"] < last[r]), "rollouts_sampled"].sum()
+                 for r in run_ids.values())
+    assert max(max(_values(t["x"])) for t in band["data"]) == pytest.approx(fewest)
 
 
 def test_budget_page_draws_the_store_numbers(monkeypatch, trained):

@@ -109,6 +109,7 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     headline = (out / "results.md").read_text().split("\n\n")[1]  # after the split line
     assert headline.startswith("| method | seeds | final acc | vs its GRPO, paired")
     assert "| grpo | 2 |" in headline and "| baseline |" in headline and "| 1× · 51.32 |" in headline
+    assert "| at equal rollouts (pts) |" in headline and "| rollouts to target |" in headline
     gain = summary["fastrl"]["accuracy_gain_mean"]
     assert gain == pytest.approx(np.mean([rows[("fastrl", s)]["final_accuracy"] - rows[("grpo", s)]["final_accuracy"]
                                           for s in (0, 1)]))

@@ -55,15 +55,16 @@ def test_trailing_mean_and_final_accuracy():
 
 def test_eval_curve_times_an_evaluation_by_the_steps_before_it():
     steps = pd.DataFrame({"step": [0, 1, 2, 3], "wall_time": [1.0, 2.0, 3.0, 4.0],
-                          "cpu_update": [0.5] * 4, "cpu_generate": [0.25] * 4})
+                          "cpu_update": [0.5] * 4, "cpu_generate": [0.25] * 4, "rollouts_sampled": [8, 6, 4, 2]})
     evals = pd.DataFrame({"step": [0, 2, 4], "accuracy": [0.3, 0.4, 0.5]})
     curve = metrics.eval_curve(steps, evals)
     assert curve["wall_time"].tolist() == [0.0, 2.0, 4.0]  # eval at step 2 follows steps 0 and 1
     assert curve["cpu_time"].tolist() == [0.0, 1.5, 3.0]
+    assert curve["rollouts"].tolist() == [0.0, 14.0, 20.0]
     evals["wall_time"] = [0.0, 2.5, np.nan]  # the eval row's own clock wins when recorded
     assert metrics.eval_curve(steps, evals)["wall_time"].tolist() == [0.0, 2.5, 4.0]
     old_store = metrics.eval_curve(steps[["step", "wall_time"]], evals)  # no cpu_ columns: NaN, no error
-    assert old_store["cpu_time"].iloc[1:].isna().all()
+    assert old_store["cpu_time"].iloc[1:].isna().all() and old_store["rollouts"].iloc[1:].isna().all()
 
 
 def test_area_under_curve_by_hand():
@@ -74,10 +75,12 @@ def test_area_under_curve_by_hand():
     assert math.isnan(metrics.area_under_curve(curve.iloc[1:], 2.0))  # not evaluated at 0 s
 
 
-# Two seeds of GRPO (1 s per step) and FastRL (0.5 s per step), 4 steps, evaluated after every step.
+# Two seeds of GRPO (1 s and 16 rollouts per step) and FastRL (0.5 s and 4 rollouts per step), 4 steps, evaluated
+# after every step.
 ACCURACY = {("grpo", 0): [0.3, 0.4, 0.5, 0.6, 0.7], ("grpo", 1): [0.3, 0.5, 0.5, 0.5, 0.5],
             ("fastrl", 0): [0.3, 0.6, 0.6, 0.6, 0.6], ("fastrl", 1): [0.3, 0.6, 0.7, 0.7, 0.7]}
 RATE = {"grpo": 1.0, "fastrl": 0.5}
+SAMPLED, KEPT = {"grpo": 16, "fastrl": 4}, {"grpo": 16, "fastrl": 3}
 CPU_UPDATE = {"grpo": 0.8, "fastrl": 0.2}
 
 
@@ -89,7 +92,7 @@ def designed() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                        "is_baseline": method == "grpo"})
         for step in range(4):
             steps.append({"run_id": run_id, "step": step, "wall_time": (step + 1) * RATE[method],
-                          "rollouts_sampled": 16, "rollouts_kept": 16 if method == "grpo" else 6,
+                          "rollouts_sampled": SAMPLED[method], "rollouts_kept": KEPT[method],
                           "time_update": RATE[method] / 2, "cpu_update": CPU_UPDATE[method]})
         for step, value in enumerate(accuracy):
             evals.append({"run_id": run_id, "step": step, "accuracy": value, "wall_time": step * RATE[method]})
@@ -117,22 +120,30 @@ def test_compare_runs_by_hand():
     assert table.loc["fastrl-0", "gain_at_equal_time"] == pytest.approx(0.15)
     assert table.loc["fastrl-1", "gain_at_equal_time"] == pytest.approx(0.2)  # 0.7 against a flat 0.5
     assert table.loc["grpo-0", "gain_at_equal_time"] == pytest.approx(0.0)
+    # against rollouts: grpo-0 reaches the target after 4 x 16, fastrl-0 after 1 x 4; fastrl-0's last 3 evals (8,
+    # 12, 16 rollouts; 0.6 each) against grpo-0 there (0.35, 0.375, 0.4)
+    assert table.loc["grpo-0", "rollouts_to_target"] == 64 and table.loc["fastrl-0", "rollouts_to_target"] == 4
+    assert table.loc["fastrl-0", "target_rollout_share"] == pytest.approx(4 / 64)
+    assert table.loc["fastrl-1", "target_rollout_share"] is None
+    assert table.loc["fastrl-0", "gain_at_equal_rollouts"] == pytest.approx(0.225)
+    assert table.loc["fastrl-1", "gain_at_equal_rollouts"] == pytest.approx(0.25)  # 0.7 against 0.4, 0.45, 0.5
     # horizon: the shortest run, 2 s; grpo-0 over [0, 2]: (0.35 + 0.45) / 2; fastrl-0: (0.5 * 0.45 + 1.5 * 0.6) / 2
     assert table["horizon"].tolist() == [2.0] * 4
     assert table.loc["grpo-0", "auc"] == pytest.approx(0.4)
     assert table.loc["fastrl-0", "auc"] == pytest.approx(0.5625)
-    assert table.loc["fastrl-0", "kept_fraction"] == pytest.approx(6 / 16)
+    assert table.loc["fastrl-0", "kept_fraction"] == pytest.approx(3 / 4)
     assert table.loc["fastrl-0", "seconds_per_step"] == 0.5 and table.loc["fastrl-0", "time_update"] == 0.25
 
 
-def test_gain_at_equal_time_needs_the_baseline_to_have_run_that_long():
-    base = pd.DataFrame({"step": [0, 2, 4], "wall_time": [0.0, 2.0, 4.0], "accuracy": [0.3, 0.5, 0.7]})
-    slower = pd.DataFrame({"step": [0, 2, 4], "wall_time": [0.0, 3.0, 6.0], "accuracy": [0.3, 0.5, 0.7]})
-    assert metrics.gain_at_equal_time(base, base) == 0.0
-    assert math.isnan(metrics.gain_at_equal_time(slower, base))  # 6 s: GRPO was never trained that long
-    # base at 2 s and 4 s against the slower curve there: 0.3 + 0.2 * 2/3 and 0.5 + 0.2 * 1/3
-    assert metrics.gain_at_equal_time(base, slower) == pytest.approx(np.mean([0.5 - (0.3 + 0.2 * 2 / 3),
-                                                                              0.7 - (0.5 + 0.2 / 3)]))
+@pytest.mark.parametrize("x", ["wall_time", "rollouts"])
+def test_gain_at_equal_x_needs_the_baseline_to_have_run_that_far(x):
+    base = pd.DataFrame({"step": [0, 2, 4], x: [0.0, 2.0, 4.0], "accuracy": [0.3, 0.5, 0.7]})
+    slower = pd.DataFrame({"step": [0, 2, 4], x: [0.0, 3.0, 6.0], "accuracy": [0.3, 0.5, 0.7]})
+    assert metrics.gain_at_equal(base, base, x=x) == 0.0
+    assert math.isnan(metrics.gain_at_equal(slower, base, x=x))  # 6: GRPO never trained (or sampled) that far
+    # base at 2 and 4 against the slower curve there: 0.3 + 0.2 * 2/3 and 0.5 + 0.2 * 1/3
+    assert metrics.gain_at_equal(base, slower, x=x) == pytest.approx(np.mean([0.5 - (0.3 + 0.2 * 2 / 3),
+                                                                             0.7 - (0.5 + 0.2 / 3)]))
 
 
 def test_summarise_gives_intervals_over_seeds():
@@ -148,6 +159,9 @@ def test_summarise_gives_intervals_over_seeds():
     target = metrics.interval(fastrl, "target_speedup")  # one pair: a value without an interval
     assert target.mean == pytest.approx(8.0) and target.n == 1 and math.isnan(target.low)
     assert target.text(".2f", "×") == "8.00× (n=1)"
+    share = metrics.interval(fastrl, "target_rollout_share")
+    assert share.mean == pytest.approx(1 / 16) and share.n == 1
+    assert metrics.interval(fastrl, "gain_at_equal_rollouts").mean == pytest.approx((0.225 + 0.25) / 2)
 
 
 def test_band_is_the_mean_of_the_seeds_curves_with_their_interval():

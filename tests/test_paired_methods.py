@@ -8,13 +8,15 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paired_methods.py"
 
 
-def write_report(path: Path, finals: dict[tuple[str, int], float]) -> Path:
+def write_report(path: Path, finals: dict[tuple[str, int], float], *, per_rollout: bool = False) -> Path:
+    """A report's runs and curves; `per_rollout` adds gain_at_equal_rollouts (reports from 2026-12-04 on)."""
     runs, curves = [], {}
     for (method, seed), final in finals.items():
         run_id = f"bench-{method}-seed{seed}-{path.stem}"
         runs.append({"run_id": run_id, "method": method, "seed": seed, "final_accuracy": final,
                      "gain_at_equal_time": final / 2, "train_seconds": 10.0,
-                     "step_speedup": 2.0 if method == "a" else 1.0, "rollouts_sampled": 100 * (seed + 1)})
+                     "step_speedup": 2.0 if method == "a" else 1.0, "rollouts_sampled": 100 * (seed + 1),
+                     **({"gain_at_equal_rollouts": final / 4} if per_rollout else {})})
         curves[run_id] = [{"step": 0, "accuracy": 0.5}, {"step": 8, "accuracy": final + 0.1},
                           {"step": 16, "accuracy": final}]
     path.write_text(json.dumps({"runs": runs, "curves": curves}))
@@ -31,7 +33,7 @@ def test_also_joins_seeds_and_the_first_report_wins(tmp_path):
                                                      ("b", 2): 0.50})
     out = run(str(first), "a:b", "--also", str(second), "--curves")
     # seed 1 from the first report (0.70, not 0.90): differences 10, 20, 30 points
-    assert "a − b  final_accuracy     per seed [10.0, 20.0, 30.0]  -> +20.00" in out
+    assert "a − b  final_accuracy         per seed [10.0, 20.0, 30.0]  -> +20.00" in out
     assert "final accuracy over seeds [0, 1, 2]: 0.700 ± 0.248; step speed-up against its bench's GRPO " \
         "2.00× ± 0.00; rollouts sampled 200 ± 248" in out
     assert "largest best − last 10.0 pts" in out and "largest fall between evaluations 10.0 pts" in out
@@ -39,4 +41,11 @@ def test_also_joins_seeds_and_the_first_report_wins(tmp_path):
 
 def test_without_also_only_the_report_counts(tmp_path):
     first = write_report(tmp_path / "first.json", {("a", 0): 0.60, ("b", 0): 0.50})
-    assert "per seed [10.0]" in run(str(first), "a:b")
+    out = run(str(first), "a:b")
+    assert "per seed [10.0]" in out and "gain_at_equal_rollouts" not in out  # an older report: no such line
+
+
+def test_gain_at_equal_rollouts_is_paired_when_the_report_has_it(tmp_path):
+    report = write_report(tmp_path / "new.json", {("a", 0): 0.60, ("b", 0): 0.50, ("a", 1): 0.80, ("b", 1): 0.50},
+                          per_rollout=True)
+    assert "a − b  gain_at_equal_rollouts per seed [2.5, 7.5]  -> +5.00" in run(str(report), "a:b")

@@ -31,7 +31,7 @@ st.dataframe(table, hide_index=True, column_config={
 live = any(widgets.status(r) == "running" for _, r in runs.iterrows())
 labels = metrics.run_labels(runs.sort_values("started", kind="stable"))
 X_AXES = {"training seconds": ("wall_time", "training seconds"), "CPU seconds": ("cpu_time", "CPU seconds"),
-          "step": ("step", "step")}
+          "rollouts sampled": ("rollouts", "rollouts sampled"), "step": ("step", "step")}
 
 st.header("Methods across seeds")
 methods = labels["method"].unique().tolist()
@@ -48,9 +48,11 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "method": row["method"], "seeds": len(row["seeds"]), "final accuracy": text(row, "final_accuracy", ".3f"),
         "accuracy vs its GRPO (paired)": text(row, "accuracy_gain", "+.3f"),
         "vs its GRPO at equal time": text(row, "gain_at_equal_time", "+.3f"),
+        "vs its GRPO at equal rollouts": text(row, "gain_at_equal_rollouts", "+.3f"),
         "step speed-up": text(row, "step_speedup", ".2f", "×"),
         "step speed-up (CPU)": text(row, "cpu_step_speedup", ".2f", "×"),
         "time-to-target speed-up": text(row, "target_speedup", ".2f", "×"),
+        "rollouts to target (× GRPO's)": text(row, "target_rollout_share", ".2f", "×"),
         "reached target": f"{row['target_reached']}/{len(row['seeds'])}", "AUC": text(row, "auc", ".3f"),
         "s/step": text(row, "seconds_per_step", ".3f"), "CPU s/step": text(row, "cpu_per_step", ".3f"),
         "kept": text(row, "kept_fraction", ".2f"),

@@ -139,9 +139,8 @@ def eval_curve(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
     after = steps["step"].astype(int) + 1
     wall = dict(zip(after, steps["wall_time"].astype(float)))
     cpu = dict(zip(after, cpu_seconds(steps).cumsum(skipna=False).astype(float)))
-    sampled = steps["rollouts_sampled"].astype(float) if "rollouts_sampled" in steps else pd.Series(np.nan,
-                                                                                                     steps.index)
-    rollouts = dict(zip(after, sampled.cumsum(skipna=False)))
+    sampled = steps["rollouts_sampled"] if "rollouts_sampled" in steps else pd.Series(np.nan, steps.index)
+    rollouts = dict(zip(after, sampled.astype(float).cumsum(skipna=False)))
     evals = evals.sort_values("step")
     step = evals["step"].astype(int).to_numpy()
     own = evals["wall_time"].astype(float).to_numpy() if "wall_time" in evals else np.full(len(evals), np.nan)
@@ -312,9 +311,8 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
             table.at[index, "cpu_step_speedup"] = _ratio(seconds_for_steps(theirs, n, cpu=True),
                                                          seconds_for_steps(mine, n, cpu=True))
             table.at[index, "accuracy_gain"] = row["final_accuracy"] - paired["final_accuracy"]
-            for x in ("time", "rollouts"):
-                table.at[index, f"gain_at_equal_{x}"] = gain_at_equal(curves[row["run_id"]], curves[paired["run_id"]],
-                                                                      x="wall_time" if x == "time" else x)
+            for name, x in (("gain_at_equal_time", "wall_time"), ("gain_at_equal_rollouts", "rollouts")):
+                table.at[index, name] = gain_at_equal(curves[row["run_id"]], curves[paired["run_id"]], x=x)
             base_row = table.loc[table["run_id"] == paired["run_id"]].iloc[0]
             table.at[index, "target_speedup"] = _ratio(base_row["time_to_target"], table.at[index, "time_to_target"])
             table.at[index, "target_rollout_share"] = _ratio(table.at[index, "rollouts_to_target"],

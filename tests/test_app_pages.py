@@ -50,6 +50,7 @@ EVALS = {("grpo", 0): [(0, 0.30), (4, 0.40), (8, 0.50), (12, 0.60)],
 # 4 (4 s); FastRL seed 0 at step 8 (0.535; 4 s), seed 1 at step 4 (2 s): speed-ups 3 and 2, geometric mean sqrt(6).
 # 12 steps take 12 s vs 6 s: step speed-up 2 in both seeds. FastRL's finals 0.5767 and 0.6: mean 0.5883.
 TARGET_SPEEDUP = math.sqrt(6.0)
+TARGET_ROLLOUT_SHARE = math.sqrt(8 / 12 * 4 / 4)  # both sample 64 rollouts a step: reached at steps 8 vs 12, 4 vs 4
 FASTRL_FINAL = ((0.45 + 0.62 + 0.66) / 3 + 0.6) / 2
 
 
@@ -493,6 +494,7 @@ def test_demo_page_shows_the_hand_computed_speedup(monkeypatch, designed):
     shown = metrics(at)
     assert shown["Speed-up per step"] == "2.00× ± 0.00"
     assert shown["Speed-up to the target accuracy"].startswith(f"{TARGET_SPEEDUP:.2f}× [")
+    assert shown["Rollouts to the target (× GRPO's)"].startswith(f"{TARGET_ROLLOUT_SHARE:.2f}× [")
     final = core_metrics.mean_ci([(0.45 + 0.62 + 0.66) / 3, 0.6])
     assert shown["FastRL accuracy"] == f"{FASTRL_FINAL:.1%} ± {100 * (final.high - final.mean):.1f} pts"
     assert shown["GRPO accuracy"] == "50.0% ± 0.0 pts"

@@ -112,15 +112,19 @@ def story() -> None:
                         key="demo_compare")
     reached = int(ours["target_reached"])
     seeds = len(ours["seeds"])
-    cols = st.columns(4)
+    cols = st.columns(5)
     cols[0].metric("Speed-up per step", metrics.interval(ours, "step_speedup").text(".2f", "×"),
                    help="GRPO's training seconds for the same number of steps / FastRL's (the paper's speed-up)")
     cols[1].metric("Speed-up to the target accuracy", metrics.interval(ours, "target_speedup").text(".2f", "×")
                    if reached else "not reached",
                    help=f"GRPO's seconds to {metrics.TARGET_SHARE:.0%} of its mean gain over the warm start / "
                         f"FastRL's, on seeds where both got there ({reached} of {seeds} FastRL seeds did)")
-    cols[2].metric("FastRL accuracy", _percent(metrics.interval(ours, "final_accuracy")))
-    cols[3].metric("GRPO accuracy", _percent(metrics.interval(theirs, "final_accuracy")))
+    cols[2].metric("Rollouts to the target (× GRPO's)",
+                   metrics.interval(ours, "target_rollout_share").text(".2f", "×") if reached else "not reached",
+                   help="The rollouts FastRL sampled until it reached that accuracy / GRPO's, on the same seeds; "
+                        "below 1: the same accuracy from fewer samples")
+    cols[3].metric("FastRL accuracy", _percent(metrics.interval(ours, "final_accuracy")))
+    cols[4].metric("GRPO accuracy", _percent(metrics.interval(theirs, "final_accuracy")))
     running = any(widgets.status(widgets.current(r)) == "running" for r in ids)
     caveat = " Some of these runs are still training, so the figures will move." if running else ""
     st.caption(

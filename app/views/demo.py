@@ -112,7 +112,7 @@ def story() -> None:
                         key="demo_compare")
     reached = int(ours["target_reached"])
     seeds = len(ours["seeds"])
-    cols = st.columns(5)
+    cols = [*st.columns(3), *st.columns(3)[:2]]  # speed and samples, then accuracy: intervals fit in a third
     cols[0].metric("Speed-up per step", metrics.interval(ours, "step_speedup").text(".2f", "×"),
                    help="GRPO's training seconds for the same number of steps / FastRL's (the paper's speed-up)")
     cols[1].metric("Speed-up to the target accuracy", metrics.interval(ours, "target_speedup").text(".2f", "×")

@@ -295,12 +295,11 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
         target = acc0 + TARGET_SHARE * (float(base["final_accuracy"].mean()) - acc0)
         base_by_seed = base.drop_duplicates("seed", keep="last").set_index("seed")
         for index, row in group.iterrows():
-            found = math.isfinite(target)
             table.at[index, "baseline_method"] = base_method
             table.at[index, "target_accuracy"] = target
-            table.at[index, "time_to_target"] = time_to_target(curves[row["run_id"]], target) if found else None
-            table.at[index, "rollouts_to_target"] = (time_to_target(curves[row["run_id"]], target, x="rollouts")
-                                                     if found else None)
+            for name, x in (("time_to_target", "wall_time"), ("rollouts_to_target", "rollouts")):
+                table.at[index, name] = time_to_target(curves[row["run_id"]], target, x=x) \
+                    if math.isfinite(target) else None
         for index, row in group.iterrows():
             if row["seed"] not in base_by_seed.index:
                 continue

@@ -5,7 +5,8 @@
         [--store /tmp/benchN]
 
 For each pair A:B, per seed, A's final accuracy, gains at equal time and at equal rollouts (points; the latter absent
-from reports written before it existed) and training seconds minus B's, then
+from reports written before it existed) and training seconds minus B's, A − B head to head at equal rollouts
+(`metrics.difference_at_equal`: on each other's curves, where the run that sampled fewer ends), then
 mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`), after each method's mean final accuracy,
 step speed-up (geometric mean of each run's ratio to the GRPO of its own bench, `metrics.ratio_ci`) and rollouts
 sampled over those seeds. `--also` joins more reports' runs to the report's, so a pair spans several benches (the first
@@ -50,7 +51,14 @@ def runs_by_method_seed(paths: list[Path]) -> tuple[dict[tuple[str, int], dict],
     return runs, curves
 
 
-def paired(a: dict, b: dict, method_a: str, method_b: str) -> None:
+def rollout_curve(points: list[dict]) -> pd.DataFrame | None:
+    """A report's curve as a frame for `metrics.difference_at_equal`; None for reports written before `rollouts`."""
+    if not points or "rollouts" not in points[0]:
+        return None
+    return pd.DataFrame(points)[["step", "rollouts", "accuracy"]].astype(float)
+
+
+def paired(a: dict, b: dict, method_a: str, method_b: str, curves: dict[str, list[dict]]) -> None:
     seeds = sorted(seed for method, seed in a if method == method_a and (method_b, seed) in b)
     if not seeds:
         raise SystemExit(f"no seed has both {method_a!r} and {method_b!r}")
@@ -68,6 +76,16 @@ def paired(a: dict, b: dict, method_a: str, method_b: str) -> None:
             continue
         print(f"{method_a} − {method_b}  {key:22s} per seed {[round(d, 2) for d in diffs]}  "
               f"-> {metrics.mean_ci(diffs).text('+.2f')}")
+    direct = []  # A − B at equal rollouts on each other's curves (gain_at_equal_rollouts is each against GRPO's)
+    for s in seeds:
+        curve_a, curve_b = (rollout_curve(curves[runs[method, s]["run_id"]]) for runs, method in ((a, method_a),
+                                                                                                  (b, method_b)))
+        if curve_a is not None and curve_b is not None:
+            direct.append(100.0 * metrics.difference_at_equal(curve_a, curve_b, x="rollouts"))
+    direct = [d for d in direct if d == d]  # NaN: a curve without rollout counts
+    if direct:
+        print(f"{method_a} − {method_b}  {'head_to_head_rollouts':22s} per seed {[round(d, 2) for d in direct]}  "
+              f"-> {metrics.mean_ci(direct).text('+.2f')}")
 
 
 def pruned_shares(store_dir: str) -> None:
@@ -148,10 +166,10 @@ def main() -> None:
     if args.report is None and (args.pairs or args.curves or args.other or args.also):
         parser.error("pairs, --curves, --other and --also need a report (a bench results.json)")
     a, a_curves = runs_by_method_seed([args.report, *args.also]) if args.report else ({}, {})
-    b = runs_by_method_seed([args.other])[0] if args.other else a
+    b, b_curves = runs_by_method_seed([args.other]) if args.other else (a, a_curves)
     for pair in args.pairs:
         method_a, _, method_b = pair.partition(":")
-        paired(a, b, method_a, method_b)
+        paired(a, b, method_a, method_b, a_curves | b_curves)
     if args.store:
         pruned_shares(args.store)
     if args.curves:

@@ -334,6 +334,16 @@ def gain_at_equal(curve: pd.DataFrame, baseline: pd.DataFrame, *, x: str = "wall
     return float(np.mean(trained["accuracy"].to_numpy(dtype=float) - np.interp(at, t, y)))
 
 
+def difference_at_equal(curve_a: pd.DataFrame, curve_b: pd.DataFrame, *, x: str = "rollouts", window: int = WINDOW
+                        ) -> float:
+    """A − B at equal `x`, read where both runs have data: `gain_at_equal` of the run that reached less `x` (its
+    last `window` evaluations) against the other's curve, signed as A − B. Comparing two methods through their
+    gains over GRPO instead reads GRPO's curve at two different `x` when A and B end at different counts."""
+    if curve_a[x].max() <= curve_b[x].max():
+        return gain_at_equal(curve_a, curve_b, x=x, window=window)
+    return -gain_at_equal(curve_b, curve_a, x=x, window=window)
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or not (numerator > 0 and denominator > 0):
         return None

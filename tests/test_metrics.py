@@ -146,6 +146,16 @@ def test_gain_at_equal_x_needs_the_baseline_to_have_run_that_far(x):
                                                                              0.7 - (0.5 + 0.2 / 3)]))
 
 
+def test_difference_at_equal_reads_both_runs_where_the_shorter_one_ends():
+    longer = pd.DataFrame({"step": [0, 2, 4], "rollouts": [0.0, 3.0, 6.0], "accuracy": [0.3, 0.5, 0.7]})
+    shorter = pd.DataFrame({"step": [0, 2, 4], "rollouts": [0.0, 2.0, 4.0], "accuracy": [0.3, 0.6, 0.7]})
+    # the shorter run at 2 and 4 against the longer curve there: 0.3 + 0.2 * 2/3 and 0.5 + 0.2 * 1/3
+    shorter_ahead = np.mean([0.6 - (0.3 + 0.2 * 2 / 3), 0.7 - (0.5 + 0.2 / 3)])
+    assert metrics.difference_at_equal(shorter, longer) == pytest.approx(shorter_ahead)
+    assert metrics.difference_at_equal(longer, shorter) == pytest.approx(-shorter_ahead)  # same reading, A − B
+    assert metrics.difference_at_equal(longer, longer) == 0.0
+
+
 def test_summarise_gives_intervals_over_seeds():
     summary = metrics.summarise(metrics.compare_runs(*designed())).set_index("method")
     fastrl = summary.loc["fastrl"]

@@ -19,6 +19,9 @@ def write_report(path: Path, finals: dict[tuple[str, int], float], *, per_rollou
                      **({"gain_at_equal_rollouts": final / 4} if per_rollout else {})})
         curves[run_id] = [{"step": 0, "accuracy": 0.5}, {"step": 8, "accuracy": final + 0.1},
                           {"step": 16, "accuracy": final}]
+        if per_rollout:  # a samples half as many rollouts per step as b
+            for point in curves[run_id]:
+                point["rollouts"] = point["step"] * (50 if method == "a" else 100)
     path.write_text(json.dumps({"runs": runs, "curves": curves}))
     return path
 
@@ -49,3 +52,14 @@ def test_gain_at_equal_rollouts_is_paired_when_the_report_has_it(tmp_path):
     report = write_report(tmp_path / "new.json", {("a", 0): 0.60, ("b", 0): 0.50, ("a", 1): 0.80, ("b", 1): 0.50},
                           per_rollout=True)
     assert "a − b  gain_at_equal_rollouts per seed [2.5, 7.5]  -> +5.00" in run(str(report), "a:b")
+
+
+def test_head_to_head_reads_both_curves_where_the_run_that_sampled_fewer_ends(tmp_path):
+    report = write_report(tmp_path / "new.json", {("a", 0): 0.60, ("b", 0): 0.50}, per_rollout=True)
+    # a (fewer rollouts) at its steps 8 and 16, i.e. 400 and 800 rollouts, on b's curve (0.5 -> 0.6 -> 0.5 over
+    # 0, 800, 1600): 0.7 - 0.55 and 0.6 - 0.6, mean 7.5 points
+    out = run(str(report), "a:b", "b:a")
+    assert "a − b  head_to_head_rollouts  per seed [7.5]  -> +7.50 (n=1)" in out
+    assert "b − a  head_to_head_rollouts  per seed [-7.5]" in out
+    assert "head_to_head" not in run(str(write_report(tmp_path / "old.json", {("a", 0): 0.6, ("b", 0): 0.5})),
+                                     "a:b")  # curves without rollout counts

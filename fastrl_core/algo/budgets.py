@@ -446,9 +446,11 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     max_prompts_per_step=32) up to GRPO's total is +2.4 ± 2.2 per step, level with rule 3 off, which samples
     20 % fewer (docs/bench/paper-long/fill); up to rule 3 off's total (rollouts_per_step=102) it is −1.1 ± 1.7
     behind rule 3 off per step and −1.3 ± 0.6 at equal time (docs/bench/paper-long/fill80). Counted in rollouts
-    (8 seeds, docs/bench/paper-long/shared-prompts/cuts): 0.95 and 0.9 are level with rule 3 off at equal rollouts
-    sampled (−0.9 ± 1.5 pts), so rule 3 trades progress per step for samples one for one, while rule 2 alone
-    reaches GRPO's target with 0.78× its rollouts and is +5.8 ± 1.3 pts above it at equal rollouts. Why no rule cuts
+    (8 seeds, docs/bench/paper-long/shared-prompts/cuts and even; head to head, `metrics.difference_at_equal`):
+    rule 2 alone reaches GRPO's target with 0.78× its rollouts; 0.9 is +3.7 ± 1.6 pts above rule 3 off at equal
+    rollouts, and rule 3 beats sampling fewer for every prompt at about the same count (0.95 vs 6 of 8 rollouts
+    per prompt +2.1 ± 0.7, 0.9 vs 5 of 8 +1.7 ± 1.5), though most of any per-rollout gain here is sampling fewer
+    per step at all (6 of 8 for every prompt is +3.4 ± 0.5 over 8 at equal rollouts). Why no rule cuts
     much more there without cutting mixed groups: over a GRPO run of that config (seed 0, 1,280 groups) only
     7 % of groups are decided and 16 % are mixed with one rare outcome (1 of 8); 77 % are at 2–6 of 8 correct,
     and each quarter of the run is within 3.5 pts of that (`fastrl train --method grpo configs/paper.yaml

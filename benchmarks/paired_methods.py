@@ -74,18 +74,21 @@ def paired(a: dict, b: dict, method_a: str, method_b: str, curves: dict[str, lis
                  if a[method_a, s].get(key) is not None and b[method_b, s].get(key) is not None]
         if not diffs:  # a report from before the figure existed
             continue
-        print(f"{method_a} − {method_b}  {key:22s} per seed {[round(d, 2) for d in diffs]}  "
-              f"-> {metrics.mean_ci(diffs).text('+.2f')}")
+        print_differences(method_a, method_b, key, diffs)
     direct = []  # A − B at equal rollouts on each other's curves (gain_at_equal_rollouts is each against GRPO's)
     for s in seeds:
         curve_a, curve_b = (rollout_curve(curves[runs[method, s]["run_id"]]) for runs, method in ((a, method_a),
                                                                                                   (b, method_b)))
         if curve_a is not None and curve_b is not None:
             direct.append(100.0 * metrics.difference_at_equal(curve_a, curve_b, x="rollouts"))
-    direct = [d for d in direct if d == d]  # NaN: a curve without rollout counts
+    direct = [d for d in direct if d == d]  # NaN: the shorter run's evaluations outside the other's rollouts
     if direct:
-        print(f"{method_a} − {method_b}  {'head_to_head_rollouts':22s} per seed {[round(d, 2) for d in direct]}  "
-              f"-> {metrics.mean_ci(direct).text('+.2f')}")
+        print_differences(method_a, method_b, "head_to_head_rollouts", direct)
+
+
+def print_differences(method_a: str, method_b: str, key: str, diffs: list[float]) -> None:
+    print(f"{method_a} − {method_b}  {key:22s} per seed {[round(d, 2) for d in diffs]}  "
+          f"-> {metrics.mean_ci(diffs).text('+.2f')}")
 
 
 def pruned_shares(store_dir: str) -> None:

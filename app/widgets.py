@@ -104,7 +104,7 @@ ACCURACY = {"greedy": "greedy test accuracy", "sampled (mean@k)": "sampled test 
 
 def accuracy_choice(run_ids: list[str], *, key: str) -> tuple[bool, str]:
     """(sampled?, y-axis title): a greedy / mean@k switch when any of the runs recorded mean@k, else greedy.
-    Greedy accuracy can flip on near-ties between evaluations; mean@k follows the expected reward (README)."""
+    Greedy accuracy can flip on near-ties between evaluations; mean@k follows the expected reward (docs/results.md)."""
     if not data.has_sampled(run_ids):
         return False, ACCURACY["greedy"]
     choice = st.radio("accuracy", list(ACCURACY), horizontal=True, key=key,

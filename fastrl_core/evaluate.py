@@ -7,7 +7,7 @@ style): `accuracy` = mean accuracy reward, `format_rate` = mean format reward, `
 
 Why both: greedy accuracy is a threshold of the policy. On the paper-regime bench 59 counting problems (~11 % of
 the test set) flip between evaluations to an answer one dot fewer (4 -> 3, 2 -> 1) and back, so the greedy curve
-dips by ~12 pts while mean@4 moves by ~1 (README, "the mid-run dips"). mean@k follows the expected reward that
+dips by ~12 pts while mean@4 moves by ~1 (docs/results.md, "the mid-run dips"). mean@k follows the expected reward that
 RL optimises.
 
 Which engine decodes: `evaluate_with(engine, ...)` uses the one given. The trainer passes its own (`Trainer.evaluate`),

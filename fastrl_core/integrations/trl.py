@@ -48,7 +48,7 @@ path runs on CPU when `processing_class` is given (e.g. `load_policy(...).proces
 processor; tests/test_trl_plugin.py); left to itself TRL calls `AutoProcessor.from_pretrained`, which for
 Qwen2-VL-style checkpoints needs torchvision (video processor) and fails without it.
 
-The cost rule (`algo/costs.py`, README "Pruning only what pays") runs here with a pinned exchange rate:
+The cost rule (`algo/costs.py`; docs/results.md, "Pruning only what pays") runs here with a pinned exchange rate:
 `FastRLGRPOTrainer(pruner="fastrl", keep_ratio=1.0, row_cost=ρ)`. `row_cost="measured"` is refused, because
 TRL's update runs outside this hook, so its seconds per kept row cannot be fitted here. Estimate ρ = c / T0 from
 a profile instead: c, the seconds of the log-prob passes and update per kept rollout, over T0, the rest of a

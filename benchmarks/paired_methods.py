@@ -5,8 +5,8 @@
         [--store /tmp/benchN]
 
 For each pair A:B, per seed, A's final accuracy, gains at equal time and at equal rollouts (points; the latter absent
-from reports written before it existed) and training seconds minus B's, A − B head to head at equal rollouts
-(`metrics.difference_at_equal`: on each other's curves, where the run that sampled fewer ends), then
+from reports written before it existed), training seconds and last evaluation minus B's, A − B head to head at equal
+rollouts (`metrics.difference_at_equal`: on each other's curves, where the run that sampled fewer ends), then
 mean ± 95 % Student-t interval over the seeds both have (`metrics.mean_ci`), after each method's mean final accuracy,
 step speed-up (geometric mean of each run's ratio to the GRPO of its own bench, `metrics.ratio_ci`) and rollouts
 sampled over those seeds. `--also` joins more reports' runs to the report's, so a pair spans several benches (the first
@@ -75,6 +75,10 @@ def paired(a: dict, b: dict, method_a: str, method_b: str, curves: dict[str, lis
         if not diffs:  # a report from before the figure existed
             continue
         print_differences(method_a, method_b, key, diffs)
+    last = [100.0 * (metrics.final_accuracy(pd.DataFrame(curves[a[method_a, s]["run_id"]]), window=1)
+                     - metrics.final_accuracy(pd.DataFrame(curves[b[method_b, s]["run_id"]]), window=1)) for s in seeds]
+    print_differences(method_a, method_b, "last_evaluation", last)  # final_accuracy flatters a run whose last
+    # evaluations are closer together (steps=200 with eval_every=16: 176, 192, 200) when the curves still rise
     direct = []  # A − B at equal rollouts on each other's curves (gain_at_equal_rollouts is each against GRPO's)
     for s in seeds:
         curve_a, curve_b = (rollout_curve(curves[runs[method, s]["run_id"]]) for runs, method in ((a, method_a),

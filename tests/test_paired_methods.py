@@ -63,3 +63,13 @@ def test_head_to_head_reads_both_curves_where_the_run_that_sampled_fewer_ends(tm
     assert "b − a  head_to_head_rollouts  per seed [-7.5]" in out
     assert "head_to_head" not in run(str(write_report(tmp_path / "old.json", {("a", 0): 0.6, ("b", 0): 0.5})),
                                      "a:b")  # curves without rollout counts
+
+
+def test_last_evaluation_pairs_each_run_s_last_point_not_its_final_window(tmp_path):
+    report = write_report(tmp_path / "r.json", {("a", 0): 0.60, ("b", 0): 0.50, ("a", 1): 0.70, ("b", 1): 0.50})
+    data = json.loads(report.read_text())
+    data["curves"]["bench-a-seed1-r"][-1]["accuracy"] = 0.95  # final_accuracy (a report field) stays 0.70
+    report.write_text(json.dumps(data))
+    out = run(str(report), "a:b")
+    assert "a − b  last_evaluation        per seed [10.0, 45.0]  -> +27.50" in out
+    assert "a − b  final_accuracy         per seed [10.0, 20.0]" in out

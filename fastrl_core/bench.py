@@ -61,6 +61,8 @@ METHODS: dict[str, list[str]] = {
     # fastrl_cut given 70 % of GRPO's 160-step rollouts (it sampled 11,388 of 20,480 in 160 steps, 71 a step): the
     # issue's "30 % fewer rollouts over a run", spent on more steps (docs/bench/paper-long/shared-prompts/even)
     "fastrl_cut_200": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured", CUT, "steps=200"],
+    # its even-split control: GRPO with the same rollouts (208 x 16 x 4 = 13,312) spread evenly over as many steps
+    "grpo_n4_208": ["pruner=none", "budget=fixed", "rollouts_per_prompt=4", "steps=208"],
     # a milder rule 3: a mixed prompt at p = 1/2 gets 6 of 8 rollouts (5 at 0.9), one at p <= 0.3 keeps all 8
     "fastrl_cut95": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
                      "budget_args.informative_target=0.95"],

@@ -4,9 +4,9 @@ as `fastrl bench`, so its evaluations at multiples of eval_every equal the bench
 
     .venv/bin/python benchmarks/greedy_flips.py [--method fastrl] [--seed 0] [--steps 32] [--every 4] [--samples 4]
 
-Measured on configs/paper.yaml (docs/results.md, "the mid-run dips"; docs/bench/paper-sampled): seed 0's greedy accuracy dips at
-step 24 under FastRL (0.760 -> 0.645) because 59 counting problems answer one dot fewer (4 -> 3, 2 -> 1), and
-recovers by step 28; mean@4 moves 0.497 -> 0.486.
+Measured on configs/paper.yaml (docs/results.md, "the mid-run dips"; docs/bench/paper-sampled): seed 0's greedy
+accuracy dips at step 24 under FastRL (0.760 -> 0.645) because 59 counting problems answer one dot fewer (4 -> 3,
+2 -> 1), and recovers by step 28; mean@4 moves 0.497 -> 0.486.
 """
 
 from __future__ import annotations

@@ -51,11 +51,10 @@ def runs_by_method_seed(paths: list[Path]) -> tuple[dict[tuple[str, int], dict],
     return runs, curves
 
 
-def rollout_curve(points: list[dict]) -> pd.DataFrame | None:
-    """A report's curve as a frame for `metrics.difference_at_equal`; None for reports written before `rollouts`."""
-    if not points or "rollouts" not in points[0]:
-        return None
-    return pd.DataFrame(points)[["step", "rollouts", "accuracy"]].astype(float)
+def curve_frame(points: list[dict]) -> pd.DataFrame:
+    """A report's evaluation curve as a float frame for `metrics`: step, accuracy, and rollouts where the report
+    has them (reports written before 2026-12-04 do not)."""
+    return pd.DataFrame(points)[[c for c in ("step", "rollouts", "accuracy") if c in points[0]]].astype(float)
 
 
 def paired(a: dict, b: dict, method_a: str, method_b: str, curves: dict[str, list[dict]]) -> None:
@@ -75,20 +74,20 @@ def paired(a: dict, b: dict, method_a: str, method_b: str, curves: dict[str, lis
         if not diffs:  # a report from before the figure existed
             continue
         print_differences(method_a, method_b, key, diffs)
-    last = [100.0 * (metrics.final_accuracy(pd.DataFrame(curves[a[method_a, s]["run_id"]]), window=1)
-                     - metrics.final_accuracy(pd.DataFrame(curves[b[method_b, s]["run_id"]]), window=1)) for s in seeds]
-    print_differences(method_a, method_b, "last_evaluation", last)  # final_accuracy flatters a run whose last
-    # evaluations are closer together (steps=200 with eval_every=16: 176, 192, 200) when the curves still rise
-    direct = []  # A − B at equal rollouts on each other's curves (gain_at_equal_rollouts is each against GRPO's)
-    for s in seeds:
-        curve_a, curve_b = (rollout_curve(curves[runs[method, s]["run_id"]]) for runs, method in ((a, method_a),
-                                                                                                  (b, method_b)))
-        if curve_a is not None and curve_b is not None:
-            direct.append(100.0 * metrics.difference_at_equal(curve_a, curve_b, x="rollouts"))
-    direct = [d for d in direct if d == d]  # NaN: the shorter run's evaluations outside the other's rollouts
+    frames = [(curve_frame(curves[a[method_a, s]["run_id"]]), curve_frame(curves[b[method_b, s]["run_id"]]))
+              for s in seeds]
+    # each run's last point: final_accuracy (the mean of the last three) flatters a run whose last evaluations are
+    # closer together (steps=200 with eval_every=16: 176, 192, 200) when the curves still rise
+    print_differences(method_a, method_b, "last_evaluation", [
+        100.0 * (metrics.final_accuracy(curve_a, window=1) - metrics.final_accuracy(curve_b, window=1))
+        for curve_a, curve_b in frames])
+    # A − B at equal rollouts on each other's curves (gain_at_equal_rollouts is each against GRPO's); NaN when the
+    # shorter run's evaluations lie outside the other's rollouts
+    direct = [100.0 * metrics.difference_at_equal(curve_a, curve_b, x="rollouts") for curve_a, curve_b in frames
+              if "rollouts" in curve_a and "rollouts" in curve_b]
+    direct = [d for d in direct if d == d]
     if direct:
         print_differences(method_a, method_b, "head_to_head_rollouts", direct)
-
 
 def print_differences(method_a: str, method_b: str, key: str, diffs: list[float]) -> None:
     print(f"{method_a} − {method_b}  {key:22s} per seed {[round(d, 2) for d in diffs]}  "

@@ -22,7 +22,7 @@ closer (higher cosine: direction) and nearer (lower relative error: direction an
 of (batch, its draw, their draw) pairs where it is.
 
 Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'_g)) (min_keep 2) of the n'_g
-nonzero-advantage rows of group g (gradient matching may keep fewer: it prunes a pick its fit gives no weight);
+nonzero-advantage rows of group g;
 CPPO, PODS and random are then run per group with exactly each variant's k_g (their own rules, `keep_ratio` tiny
 and `min_keep = k_g`), and the script checks every count. The table lists them at the default's counts; each
 variant's line counts its wins against CPPO and PODS at its own counts. `fastrl_official` keeps what its rule
@@ -31,7 +31,7 @@ passes through the log-prob passes and the update): fastrl weighs a row's |A| by
 random / the official rule see distinct rows only, and every kept row enters ĝ with its multiplicity.
 
 The selection rules are compared on `--choose-seeds`; the default was chosen there, and `--report-seeds` (disjoint)
-give the figures quoted in pruners.py. A quality figure, not a timing: threads 1, a few minutes on 2 cores.
+give the figures quoted in docs/experiments.md. A quality figure, not a timing: threads 1, a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -55,16 +55,8 @@ from fastrl_core.data.synthetic import ensure_dataset
 from fastrl_core.data.templates import answer_style
 from fastrl_core.rewards import score_completions
 
-FASTRL_VARIANTS = {  # label -> fastrl options; the first is the default (chosen on the choose seeds)
+FASTRL_VARIANTS = {  # label -> fastrl options; the variants compared before issue 40 are in docs/experiments.md
     "fastrl (coreset, euclidean; default)": {},
-    "fastrl (gradient matching)": {"selection": "matching"},
-    "fastrl (coreset, euclidean, zero sum)": {"mass": "sign"},
-    "fastrl (coreset, euclidean, sign caps)": {"similarity": "euclidean", "balance": True},
-    "fastrl (coreset, euclidean_scaled, caps)": {"similarity": "euclidean_scaled", "balance": True},
-    "fastrl (coreset, euclidean, own mass, caps)": {"similarity": "euclidean", "mass": "own", "balance": True},
-    "fastrl (coreset, cosine, caps)": {"similarity": "cosine", "balance": True},
-    "fastrl (sign-capped top m|A|)": {"similarity": "identity", "mass": "own", "balance": True},
-    "fastrl_dpp (old rule, selection=dpp)": {"selection": "dpp"},
 }
 
 

@@ -10,9 +10,6 @@ wrong type or range, an unknown registry name or sub-key, and an engine / sketch
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +17,8 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A bad config: unknown key, wrong type, out-of-range value, unknown name or an unsupported combination.
-    The message names the key, the bad value and the valid ones (the CLI prints it as one line, exit code 2)."""
+from fastrl_core.checks import (ConfigError, allowed_types, check_config, coerce, describe_bounds,  # noqa: F401
+                                in_bounds)
 
 
 def option(default: Any, help: str, *, bounds: str | None = None) -> Any:
@@ -62,13 +57,6 @@ class TrainConfig:
     steps: int = option(100, "training steps (one rollout batch and updates_per_step optimiser updates each)", bounds=">= 1")
     time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)", bounds=">= 0")
     prompts_per_step: int = option(16, "prompts sampled per step", bounds=">= 1")
-    max_prompts_per_step: int = option(0, "0 = every step samples prompts_per_step prompts; M > prompts_per_step = "
-                                       "when the budget gives them fewer than rollouts_per_step rollouts, the step "
-                                       "takes further prompts (up to M, within the epoch) while the total fits "
-                                       "(GRESO's refill)", bounds=">= 0")
-    rollouts_per_step: int = option(0, "with max_prompts_per_step: the rollout total further prompts fill a step up "
-                                    "to (0 = prompts_per_step*rollouts_per_prompt); the first prompts_per_step "
-                                    "prompts are always taken", bounds=">= 0")
     rollouts_per_prompt: int = option(8, "initial rollouts per prompt (n0); the budget controller may change it per "
                                       "prompt", bounds=">= 1")
     max_new_tokens: int = option(32, "maximum completion length in tokens", bounds=">= 1")
@@ -91,8 +79,7 @@ class TrainConfig:
     minibatch_mode: str = option("equal_updates", "how pruning sizes mini-batches: 'equal_updates' (always "
                                  "updates_per_step mini-batches, smaller when pruned: the authors' script) or "
                                  "'fixed_size' (mini-batch = prompts_per_step*rollouts_per_prompt/updates_per_step "
-                                 "rows, so a pruned step makes fewer updates) or 'as_sampled' (the unpruned step's "
-                                 "mini-batches less the pruned rows, which stay in the loss normaliser)")
+                                 "rows, so a pruned step makes fewer updates)")
     minibatch_grouping: str = option("rows", "what the mini-batch permutation moves: 'rows' (EasyR1, TRL) or "
                                      "'prompts' (whole prompts, so a mini-batch holds few prompts and the engine "
                                      "runs each once for its rows: share_prompts; verl without shuffling)")
@@ -142,65 +129,6 @@ def field_help() -> dict[str, str]:
         bounds = f.metadata.get("bounds")
         out[f.name] = f.metadata.get("help", "") + (f"; must be {describe_bounds(bounds)}" if bounds else "")
     return out
-
-
-def describe_bounds(bounds: str) -> str:
-    """">= 1" -> ">= 1"; "(0, 1]" -> "in (0, 1]"."""
-    return f"in {bounds}" if bounds.lstrip()[:1] in "([" else bounds
-
-
-_BOUNDS = re.compile(r"^\s*(?:(>=|>|<=|<)\s*(\S+)|([(\[])\s*(\S+)\s*,\s*(\S+)\s*([)\]]))\s*$")
-
-
-def in_bounds(value: float, bounds: str) -> bool:
-    """Whether `value` lies in `bounds`: ">= a", "> a", "<= a", "< a", or an interval "(a, b]" / "[a, b)" / ..."""
-    match = _BOUNDS.match(bounds)
-    if match is None:
-        raise ValueError(f"bad bounds {bounds!r}")
-    if not math.isfinite(value):
-        return False
-    op, limit, left, low, high, right = match.groups()
-    if op is not None:
-        limit = float(limit)
-        return {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[op]
-    low, high = float(low), float(high)
-    return (value >= low if left == "[" else value > low) and (value <= high if right == "]" else value < high)
-
-
-def allowed_types(annotation: Any) -> tuple[type, ...] | None:
-    """The plain classes an annotation allows (`float | None` -> (float, NoneType)); None if it is not a plain
-    class or a union of them (then only the default's type is checked)."""
-    if annotation is None or annotation is type(None):
-        return (type(None),)
-    if isinstance(annotation, type) and annotation.__module__ == "builtins":
-        return (annotation,)
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        parts = [allowed_types(arg) for arg in typing.get_args(annotation)]
-        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)
-    origin = typing.get_origin(annotation)
-    if origin in (dict, list, tuple):
-        return (origin,)
-    return None
-
-
-def coerce(value: Any, allowed: tuple[type, ...], key: str, where: str) -> Any:
-    """`value` as one of the `allowed` types: ints are accepted for floats, YAML-1.1 strings like "1e-3" for
-    floats, numbers for strings, "auto" for None; bools are never ints. Raises ConfigError naming `key`."""
-    if value == "auto" and type(None) in allowed and str not in allowed:
-        return None
-    if isinstance(value, str) and float in allowed and str not in allowed:
-        try:
-            return float(value)  # YAML 1.1 reads "1e-3" as a string
-        except ValueError:
-            pass
-    if isinstance(value, int) and not isinstance(value, bool) and float in allowed and int not in allowed:
-        return float(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and str in allowed and len(allowed) == 1:
-        return str(value)
-    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
-        names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
-        raise ConfigError(f"{where}{key} expects {names}, got {value!r}")
-    return value
 
 
 def field_types() -> dict[str, tuple[type, ...]]:
@@ -267,8 +195,6 @@ def _read_yaml(path: Path) -> dict:
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
     """Defaults <- YAML file <- `key=value` overrides, then checked and resolved by `fastrl_core.checks.check_config`
     (every name, sub-key, type and range, and the engine / sketch combination) before anything loads."""
-    from fastrl_core.checks import check_config
-
     values = dataclasses.asdict(TrainConfig())
     key_types, sources = field_types(), {}
     if path is not None:

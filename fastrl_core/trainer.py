@@ -2,7 +2,7 @@
 
 Each step (README "The algorithm"):
   1. budget    -- the step's prompts from the stream, rollouts per prompt from the budget controller's
-                  state; with max_prompts_per_step, more prompts up to rollouts_per_step (algo.budgets)
+                  state                                                              (algo.budgets)
   2. sample    -- generate rollouts; the lm_head gradient sketch rides on generate   (engines)
   3. reward    -- format + accuracy reward per rollout                               (rewards)
   4. advantage -- group advantages over groups of unequal size                      (algo.advantages)
@@ -35,7 +35,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +48,7 @@ from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
-from fastrl_core.algo.minibatches import OVER_SAMPLED_ROWS, minibatch_plan
+from fastrl_core.algo.minibatches import minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
 from fastrl_core.algo.sketches import make_projection, token_sketch
@@ -102,7 +102,7 @@ class PhaseTimer:
 class PromptSampler:
     """Deterministic prompt stream. Epoch e is a fresh seeded permutation of the N problems cut to whole steps of P
     (E = (N // P)·P prompts; the last N mod P of each permutation are not used); stream position c is entry
-    c mod E of epoch c // E's permutation. The trainer keeps its position (`Trainer.cursor`); without filling,
+    c mod E of epoch c // E's permutation. The trainer keeps its position (`Trainer.cursor`);
     step s reads positions [s·P, (s+1)·P)."""
 
     def __init__(self, num_problems: int, prompts_per_step: int, seed: int) -> None:
@@ -119,7 +119,7 @@ class PromptSampler:
 
     def advance(self, cursor: int, taken: int) -> int:
         """The cursor after a step read `taken` prompts from `cursor`. What is left of the epoch when it is too
-        short for a step (fewer than P prompts, only possible with filling) is dropped, as DataLoader's drop_last
+        short for a step (fewer than P prompts) is dropped, as DataLoader's drop_last
         drops the last N mod P of each permutation: a step never has fewer than P prompts."""
         cursor += taken
         left = -cursor % self.epoch_length
@@ -128,18 +128,6 @@ class PromptSampler:
     def ends_epoch(self, stop: int) -> bool:
         """Whether a step that read the stream up to position `stop` (exclusive) finished an epoch."""
         return stop > 0 and stop % self.epoch_length == 0
-
-
-def fill_prompts(counts: Sequence[int], first: int, budget: int) -> int:
-    """How many prompts of a window a step takes, given the budget's counts for the window: the `first` always, then
-    further ones in order while the step's rollouts stay within `budget` (it stops at the first that would
-    overflow it, and once the budget is spent)."""
-    taken, total = min(first, len(counts)), sum(counts[:first])
-    for count in counts[taken:]:
-        if total >= budget or total + count > budget:
-            break
-        taken, total = taken + 1, total + count
-    return taken
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -294,7 +282,6 @@ class Trainer:
             decision = prune_distinct(config.pruner, GroupBatch(group_ids, rewards, advantages, sketches, token_ids),
                                       duplicates, keep_ratio=config.keep_ratio, min_keep=config.min_keep,
                                       generator=torch.Generator().manual_seed(seed + 1), row_cost=row_cost,
-                                      kept_normaliser=config.minibatch_mode not in OVER_SAMPLED_ROWS,
                                       **config.pruner_args)
             kept = decision.keep_mask.nonzero().squeeze(1)
 
@@ -324,18 +311,12 @@ class Trainer:
             per_update = []
             update = _KeptRows(problems, rollouts, kept, old_logprobs, ref_logprobs, advantages, decision.weights,
                                None if duplicates is None else duplicates.multiplicity)
-            for batch in minibatches:  # batch.kept indexes `kept`; batch.absent `distinct` (pruned, as_sampled)
+            for batch in minibatches:  # batch indexes `kept`
                 self.optimizer.zero_grad(set_to_none=True)
-                if len(batch.kept) == 0:  # every row of this as_sampled mini-batch pruned: a step with no terms,
-                    for group in self.optimizer.param_groups:  # as GRPO's would be (AdamW's moments still move it)
-                        for parameter in group["params"]:
-                            parameter.grad = torch.zeros_like(parameter)
-                    self.optimizer.step()
-                    continue
-                per_update.append(self._backward(update, batch.kept, distinct[batch.absent]))
+                per_update.append(self._backward(update, batch))
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 self.optimizer.step()
-            if per_update:  # unweighted mean over the step's mini-batches that had kept rows
+            if per_update:  # unweighted mean over the step's mini-batches
                 metrics = {k: sum(u[k] for u in per_update) / len(per_update) for k in per_update[0]}
             metrics["updates"] = len(minibatches)  # optimiser steps taken
             self.engine.sync_weights(model)
@@ -376,10 +357,9 @@ class Trainer:
         self.step += 1
         return {"step": step, **rows.step_row}
 
-    def _backward(self, update: _KeptRows, rows: torch.Tensor, absent: torch.Tensor) -> dict[str, float]:
-        """Gradients of one mini-batch's loss into `.grad`: kept rows `rows` (indexes `update.kept`), pruned rows
-        `absent` (rollout indices; as_sampled) in the normaliser only. With `update_rows`, in parts of that many
-        rows, each part's loss counting the mini-batch's other rows as absent (`policy_loss(absent_mask=...)`), so
+    def _backward(self, update: _KeptRows, rows: torch.Tensor) -> dict[str, float]:
+        """Gradients of one mini-batch's loss into `.grad`: kept rows `rows` (indexes `update.kept`). With
+        `update_rows`, in parts of that many rows, each part's loss counting the mini-batch's other rows as absent (`policy_loss(absent_mask=...)`), so
         the parts' losses sum to the whole mini-batch's and so do their gradients. Returns the loss and the loss's
         metrics (over parts: weighted by response tokens)."""
         config, rollouts, on = self.config, update.rollouts, self.policy.model.device
@@ -388,7 +368,7 @@ class Trainer:
         counts = torch.ones(len(mask)) if update.multiplicity is None else update.multiplicity.float()  # (N,)
         results = []  # (loss, metrics, response tokens) per part
         for part in parts:
-            others = torch.cat([update.kept[rows[~torch.isin(rows, part)]], absent])  # rollout indices
+            others = update.kept[rows[~torch.isin(rows, part)]]  # rollout indices
             index = update.kept[part]
             logprobs = self.engine.token_logprobs(self.policy.model, update.problems, rollouts, index)
             out = policy_loss(config.objective, logprobs, update.old_logprobs[part].to(on),
@@ -396,7 +376,7 @@ class Trainer:
                               ref_logprobs=None if update.ref_logprobs is None else update.ref_logprobs[part].to(on),
                               rollout_weights=update.weights[index].to(on),
                               rollout_counts=None if update.multiplicity is None else counts[index].to(on),
-                              absent_mask=mask[others].to(on),  # (0, T) with one part and nothing pruned
+                              absent_mask=mask[others].to(on),  # (0, T) with one part
                               absent_counts=None if update.multiplicity is None else counts[others].to(on),
                               **self.loss_args)
             out.loss.backward()
@@ -408,22 +388,13 @@ class Trainer:
                 **{key: sum(float(m[key]) * t for _, m, t in results) / tokens for key in results[0][1]}}
 
     def choose_prompts(self) -> tuple[list[Problem], list[int], bool]:
-        """Step 1: the step's problems from the stream at `cursor`, the budget's rollout counts for them, and
-        whether the step ends an epoch; moves the cursor past them. Without filling (max_prompts_per_step 0): the
-        next P prompts. With M = max_prompts_per_step > P: the budget's counts for the next M (never past the
-        epoch's end), of which the step takes the first P and then more while its rollouts fit in
-        `rollouts_per_step` (default P·n; `fill_prompts`): rollouts the budget saves on decided or well-understood
-        prompts go to further prompts, as GRESO refills its batch (Zheng et al. 2025, arXiv 2506.02177). The fixed
-        budget fills nothing below P·n."""
+        """Step 1: the next P problems of the stream at `cursor`, the budget's rollout counts for them, and
+        whether the step ends an epoch; moves the cursor past them."""
         config = self.config
-        size = max(config.max_prompts_per_step, config.prompts_per_step)
-        indices = self.sampler.window(self.cursor, size)
-        problems = [self.train_set[i] for i in indices]
+        problems = [self.train_set[i] for i in self.sampler.window(self.cursor, config.prompts_per_step)]
         counts = budget_allocate(config.budget, self.budget_state, [p.id for p in problems])
-        total = config.rollouts_per_step or config.prompts_per_step * config.rollouts_per_prompt
-        taken = fill_prompts(counts, config.prompts_per_step, total)
-        self.cursor = self.sampler.advance(self.cursor, taken)
-        return problems[:taken], counts[:taken], self.sampler.ends_epoch(self.cursor)
+        self.cursor = self.sampler.advance(self.cursor, len(problems))
+        return problems, counts, self.sampler.ends_epoch(self.cursor)
 
     def row_cost(self) -> float | None:
         """Step 6's ρ (algo.costs): config `row_cost` as given, or with 'measured' fitted on the last

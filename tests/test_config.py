@@ -116,11 +116,11 @@ def test_args_exclude_what_the_trainer_passes_itself():
 
 
 def test_args_values_are_type_checked_and_coerced():
-    config = load_config(None, ["pruner_args.alpha=1", "objective_args.epsilon_high=null"])
-    assert config.pruner_args == {"alpha": 1.0} and type(config.pruner_args["alpha"]) is float
+    config = load_config(None, ["pruner_args.zero_atol=0", "objective_args.epsilon_high=null"])
+    assert config.pruner_args == {"zero_atol": 0.0} and type(config.pruner_args["zero_atol"]) is float
     assert config.objective_args == {"epsilon_high": None}
-    for override, text in [("pruner_args.alpha=x", "pruner_args.alpha expects float, got 'x'"),
-                           ("pruner_args.reweight=3", "pruner_args.reweight expects bool, got 3"),
+    for override, text in [("pruner_args.zero_atol=x", "pruner_args.zero_atol expects float, got 'x'"),
+                           ("budget_args.decided_by_accuracy=3", "budget_args.decided_by_accuracy expects bool, got 3"),
                            ("objective_args.max_length=1.5", "objective_args.max_length expects int or null"),
                            ("budget_args.reward_scale=true", "budget_args.reward_scale expects float or null, got True")]:
         with pytest.raises(ConfigError, match=text):
@@ -330,3 +330,15 @@ def test_row_cost_is_null_measured_or_a_number_for_a_pruner_with_a_cost_rule():
         load_config("configs/paper.yaml", ["row_cost=measured", "pruner=cppo"])
     with pytest.raises(ConfigError, match="pruner_args.row_cost: pruner 'fastrl' has no parameter 'row_cost'"):
         load_config("configs/paper.yaml", ["pruner_args.row_cost=0.1"])  # one way to set it: the config key
+
+
+@pytest.mark.parametrize("override, text", [
+    ("max_prompts_per_step=32", "unknown config key 'max_prompts_per_step'"),  # retired: docs/experiments.md
+    ("rollouts_per_step=102", "unknown config key 'rollouts_per_step'"),
+    ("minibatch_mode=as_sampled", "minibatch_mode='as_sampled' is unknown; valid: equal_updates, fixed_size"),
+    ("pruner_args.selection=dpp", "pruner_args.selection: pruner 'fastrl' has no parameter 'selection'"),
+    ("pruner_args.mass=sign", "pruner_args.mass: pruner 'fastrl' has no parameter 'mass'"),
+    ("pruner_args.similarity=cosine", "pruner_args.similarity: pruner 'fastrl' has no parameter 'similarity'")])
+def test_retired_keys_and_variants_are_refused_as_unknown(override, text):
+    with pytest.raises(ConfigError, match=re.escape(text)):
+        load_config(None, [override])

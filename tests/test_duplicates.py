@@ -56,8 +56,9 @@ def test_bad_shapes_name_the_argument():
 def test_prune_distinct_prunes_representatives_and_marks_copies():
     """Group 0: rollouts 0, 1, 2 identical (A = +1), 3 distinct (A = +1), 4 and 5 identical (A = −2): three
     distinct rows with multiplicities 3, 1, 2. keep 0.5 of 3 distinct nonzero -> m = max(2, 2) = 2, one per sign:
-    row 4 (gain 2·2 = 4), then row 0 (gain 3 + 1·cos 45° = 3.71 > row 3's 1 + 3·0.71). Coreset weights γ / (m|A|):
-    positive γ = 3 + 1 (row 3, cosine 0.71 to row 0: REDUNDANT, and it goes to row 0) = 4 -> 4 / 3 per copy; negative
+    row 4 (gain 2·2 = 4), then row 0 (gain 3 + 1·(√2 − 1) = 3.41 > row 3's 1·√2 + 3·0). Coreset weights γ / (m|A|):
+    positive γ = 3 + 1 (row 3, similarity √2 − 1 to row 0, 0.29 of its own:
+    LOW_ADVANTAGE, and it goes to row 0) = 4 -> 4 / 3 per copy; negative
     4 / (2·2) = 1; times K / N = 5 / 6."""
     sketches = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [1.0, 0, 0], [1.0, 1.0, 0], [0, 0, 1.0], [0, 0, 1.0]])
     batch = GroupBatch(torch.zeros(6, dtype=torch.long), torch.zeros(6), torch.tensor([1.0, 1, 1, 1, -2, -2]),
@@ -66,10 +67,10 @@ def test_prune_distinct_prunes_representatives_and_marks_copies():
     mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 0], [1, 1], [1, 1]]).bool()
     duplicates = find_duplicates(batch.group_ids, ids, mask)
     assert duplicates.counts.tolist() == [3, 1, 2]
-    result = prune_distinct("fastrl", batch, duplicates, keep_ratio=0.5, min_keep=2, similarity="cosine")
+    result = prune_distinct("fastrl", batch, duplicates, keep_ratio=0.5, min_keep=2)
     assert result.keep_mask.tolist() == [True, False, False, False, True, False]
-    assert result.reasons.tolist() == [Reason.KEPT, Reason.DUPLICATE, Reason.DUPLICATE, Reason.REDUNDANT,
-                                       Reason.KEPT, Reason.DUPLICATE]
+    assert result.reasons.tolist() == [Reason.KEPT, Reason.DUPLICATE, Reason.DUPLICATE,
+                                       Reason.LOW_ADVANTAGE, Reason.KEPT, Reason.DUPLICATE]
     expected = torch.tensor([4 / 3, 4 / 3, 4 / 3, 0.0, 1.0, 1.0]) * 5 / 6
     torch.testing.assert_close(result.weights, expected)
     # the weighted kept advantage mass equals the group's (zero sum kept), scaled by K / N

@@ -87,51 +87,15 @@ def test_bad_arguments_raise_naming_them():
         _split(4, 2, "fixed_size", full_rows=0)
 
 
-# ---- as_sampled: the unpruned step's mini-batches, pruned rows absent ---------------------------------------------
-
 from fastrl_core.algo.minibatches import minibatch_plan  # noqa: E402
 
 
-def _plan(keep, updates=4, mode="as_sampled", seed=0):
-    return minibatch_plan(torch.tensor(keep, dtype=torch.bool), updates=updates, mode=mode, full_rows=128,
-                          generator=torch.Generator().manual_seed(seed))
-
-
-def test_as_sampled_with_nothing_pruned_is_equal_updates_draw_for_draw():
-    for rows in (1, 7, 40, 128):
-        plan = _plan([True] * rows)
-        same = _split(rows, 4, "equal_updates")
-        assert len(plan) == len(same)
-        for batch, chunk in zip(plan, same):
-            assert torch.equal(batch.kept, chunk) and batch.absent.numel() == 0
-
-
-def test_as_sampled_keeps_the_unpruned_chunks_and_lists_pruned_rows_as_absent():
-    keep = [True, False, True, True, False, False, True, True, False, True]
-    plan = _plan(keep, updates=3, seed=2)
-    chunks = minibatch_indices(10, updates=3, mode="equal_updates", full_rows=128,
-                               generator=torch.Generator().manual_seed(2))
-    kept_rows = [i for i, k in enumerate(keep) if k]  # position among kept rows -> distinct row
-    assert len(plan) == 3
-    for batch, chunk in zip(plan, chunks):
-        rows = sorted([kept_rows[p] for p in batch.kept.tolist()] + batch.absent.tolist())
-        assert rows == chunk.tolist()  # kept + absent = the unpruned chunk
-        assert all(keep[r] for r in (kept_rows[p] for p in batch.kept.tolist()))
-        assert not any(keep[r] for r in batch.absent.tolist())
-
-
-def test_as_sampled_can_give_an_update_with_no_kept_row():
-    plan = _plan([False] * 8, updates=4)
-    assert len(plan) == 4 and all(b.kept.numel() == 0 and b.absent.numel() == 2 for b in plan)
-
-
 @pytest.mark.parametrize("mode", ["equal_updates", "fixed_size"])
-def test_other_modes_plan_only_kept_rows(mode):
-    keep = [True, False] * 20
-    plan = _plan(keep, mode=mode, seed=1)
+def test_the_plan_splits_only_kept_rows(mode):
+    keep = torch.tensor([True, False] * 20)
+    plan = minibatch_plan(keep, updates=4, mode=mode, full_rows=128, generator=torch.Generator().manual_seed(1))
     same = minibatch_indices(20, updates=4, mode=mode, full_rows=128, generator=torch.Generator().manual_seed(1))
-    assert [b.kept.tolist() for b in plan] == [c.tolist() for c in same]
-    assert all(b.absent.numel() == 0 for b in plan)
+    assert [b.tolist() for b in plan] == [c.tolist() for c in same]
 
 
 # ---- minibatch_grouping=prompts: whole prompts permuted, rows of a prompt together ----------------------------------
@@ -179,11 +143,8 @@ def test_grouped_plan_takes_the_kept_rows_groups_and_checks_their_shape():
     plan = minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=8,
                           generator=torch.Generator().manual_seed(0), groups=groups)
     kept_groups = groups[keep]  # (6,) prompts of the kept rows 0..5
-    assert sorted(torch.cat([b.kept for b in plan]).tolist()) == list(range(6))
-    assert sum(len(kept_groups[b.kept].unique()) for b in plan) <= 3 + 1
-    absent = minibatch_plan(keep, updates=2, mode="as_sampled", full_rows=8,
-                            generator=torch.Generator().manual_seed(0), groups=groups)
-    assert sorted(torch.cat([b.absent for b in absent]).tolist()) == [1, 4]
+    assert sorted(torch.cat(plan).tolist()) == list(range(6))
+    assert sum(len(kept_groups[b].unique()) for b in plan) <= 3 + 1
     with pytest.raises(ValueError, match="groups must have the keep mask's shape"):
         minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=8,
                        generator=torch.Generator().manual_seed(0), groups=groups[:5])

@@ -13,7 +13,7 @@ from fastrl_core.config import ConfigError, load_config
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.store import read_evals, read_rollouts, read_runs, read_steps
-from fastrl_core.trainer import PromptSampler, Trainer, fill_prompts, load_datasets
+from fastrl_core.trainer import PromptSampler, Trainer, load_datasets
 
 
 def _config(store, **overrides):
@@ -89,42 +89,6 @@ def test_prompt_stream_windows_match_the_steps_and_stop_at_the_epoch_end():
     assert sampler.window(7, 5) == sampler.window(0, 9)[7:]  # cut at the epoch's end, not wrapped into the next
     assert [sampler.ends_epoch(stop) for stop in (0, 8, 9, 17, 18)] == [False, False, True, False, True]
     assert [sampler.advance(0, 3), sampler.advance(0, 5), sampler.advance(0, 7), sampler.advance(3, 6)] == [3, 5, 9, 9]
-
-
-def test_fill_prompts_takes_the_first_then_what_fits():
-    assert fill_prompts([8, 8, 8], first=2, budget=16) == 2
-    assert fill_prompts([0, 2, 8, 4, 2, 2], first=2, budget=16) == 5  # 2 + 8 + 4 + 2 = 16: spent
-    assert fill_prompts([0, 2, 8, 8, 2], first=2, budget=16) == 3  # the second 8 overflows: stop, in stream order
-    assert fill_prompts([4, 0, 0, 8], first=1, budget=8) == 3  # skipped prompts cost nothing and are passed
-    assert fill_prompts([4], first=2, budget=16) == 1  # a window cut short by the epoch's end
-
-
-class SnapshotEngine:
-    """An `Engine` that, like vLLM, samples from its own copy of the weights: an `HFEngine` on a deep copy of the
-    policy's model, refreshed only by `sync_weights`; `token_logprobs` scores with the model it is given, as
-    VLLMEngine's HF scorer does. Records its syncs and the problems it decoded greedily."""
-
-    def __init__(self, config, policy, projection) -> None:
-        self.own = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
-        self.sampler = HFEngine(self.own, template=config.template, max_new_tokens=config.max_new_tokens,
-                                temperature=config.temperature, sketch_projection=projection,
-                                sketch_top_k=config.sketch_top_k or None)
-        self.syncs = 0
-        self.greedy_problems: list[str] = []
-
-    def generate(self, problems, rollouts_per_prompt, *, generator=None):
-        return self.sampler.generate(problems, rollouts_per_prompt, generator=generator)
-
-    def token_logprobs(self, model, problems, rollouts, index):
-        return self.sampler.token_logprobs(model, problems, rollouts, index)
-
-    def greedy(self, problems, *, batch_size=64):
-        self.greedy_problems += [problem.id for problem in problems]
-        return self.sampler.greedy(problems, batch_size=batch_size)
-
-    def sync_weights(self, model) -> None:
-        self.own.model.load_state_dict(model.state_dict())
-        self.syncs += 1
 
 
 def _assert_same_weights(model, reference: dict):
@@ -266,64 +230,6 @@ def test_minibatch_grouping_reaches_the_plan_as_each_rows_prompt(tmp_path, monke
     assert len(groups.unique()) < len(groups)  # several rows per prompt: prompts, not row numbers
 
 
-def test_as_sampled_with_nothing_pruned_is_equal_updates_bit_for_bit(tmp_path):
-    runs = {}
-    for mode in ("equal_updates", "as_sampled"):
-        trainer = Trainer(_config(tmp_path / mode, steps=2, updates_per_step=4, minibatch_mode=mode, pruner="none",
-                                  budget="fixed", **{"objective_args.beta": 0.01}), progress=False)
-        trainer.run()
-        runs[mode] = _params(trainer.policy.model)
-    for name, value in runs["equal_updates"].items():
-        assert torch.equal(value, runs["as_sampled"][name]), name
-
-
-def test_as_sampled_pruning_zero_variance_groups_at_beta_0_trains_the_unpruned_model(tmp_path):
-    """At beta = 0 an A = 0 row carries no gradient, so with as_sampled (pruned rows stay in each loss's
-    normaliser) dropping zero-variance groups (dapo_filter) or every A = 0 row (fastrl at keep 1.0) trains the
-    same model as keeping them; equal_updates (normaliser over the kept rows) does not."""
-    def train(pruner, mode):
-        options = {"pruner": "fastrl", "keep_ratio": 1.0} if pruner == "fastrl_lossless" else {"pruner": pruner}
-        trainer = Trainer(_config(tmp_path / f"{pruner}-{mode}", steps=3, updates_per_step=4, minibatch_mode=mode,
-                                  budget="fixed", **options, **{"objective_args.beta": 0.0}), progress=False)
-        run_id = trainer.run()
-        return _params(trainer.policy.model), read_steps(trainer.config.store_dir, run_id)
-
-    reference, steps = train("none", "equal_updates")
-    kept_only, _ = train("dapo_filter", "equal_updates")
-    for pruner in ("dapo_filter", "fastrl_lossless"):  # fastrl at keep 1.0: its K / N weight scale dropped, too
-        pruned, pruned_steps = train(pruner, "as_sampled")
-        assert (pruned_steps["rollouts_kept"] < steps["rollouts_kept"]).any(), "nothing was pruned: the test is void"
-        assert pruned_steps["updates"].tolist() == steps["updates"].tolist() == [4, 4, 4]
-        moved = max(float((reference[n] - kept_only[n]).abs().max()) for n in reference)
-        same = max(float((reference[n] - pruned[n]).abs().max()) for n in reference)
-        assert same < 1e-5 and moved > 20 * same, (pruner, same, moved)
-
-
-def test_an_as_sampled_minibatch_with_every_row_pruned_still_takes_its_optimiser_step(tmp_path, monkeypatch):
-    """The second update's rows are all pruned: no forward, but AdamW steps on a zero gradient (its moments from
-    the first update move the policy, as GRPO's step on a zero-gradient mini-batch would), and it counts."""
-    from fastrl_core.algo.minibatches import Minibatch
-
-    def plan(keep_mask, **_):
-        every = torch.arange(int(keep_mask.sum()))
-        pruned = (~keep_mask).nonzero().flatten()
-        return [Minibatch(kept=every, absent=torch.zeros(0, dtype=torch.long)), Minibatch(kept=every[:0], absent=pruned)]
-
-    def one_step(store, with_empty):
-        trainer = Trainer(_config(store, steps=1, updates_per_step=2, minibatch_mode="as_sampled", pruner="none",
-                                  budget="fixed"), progress=False)
-        monkeypatch.setattr(trainer_module, "minibatch_plan",
-                            plan if with_empty else lambda keep_mask, **kw: plan(keep_mask, **kw)[:1])
-        row = trainer.train_step()
-        return row, _params(trainer.policy.model)
-
-    row, stepped = one_step(tmp_path / "a", True)
-    single_row, single = one_step(tmp_path / "b", False)
-    assert row["updates"] == 2 and single_row["updates"] == 1
-    assert row["loss"] == single_row["loss"]  # the metrics are over mini-batches with kept rows
-    assert max(float((stepped[n] - single[n]).abs().max()) for n in single) > 1e-6
-
-
 def test_resume_with_minibatches_continues_exactly(tmp_path):
     config = dict(steps=3, updates_per_step=4, **{"objective_args.beta": 0.01})
     straight = Trainer(_config(tmp_path / "a", **config), progress=False)
@@ -444,15 +350,13 @@ def test_a_given_row_cost_is_reproducible_and_prunes_rows_the_keep_ratio_keeps(t
 @pytest.mark.parametrize("objective", ["grpo", "dapo", "dr_grpo", "gspo", "gspo_token"])
 def test_update_rows_accumulates_the_same_update_in_parts(tmp_path, objective):
     """update_rows splits each mini-batch's forward/backward into parts whose losses count the other rows as
-    absent: the same loss and gradients for every objective, with the KL term, merged duplicates and as_sampled's
-    pruned rows in the normaliser (float32 summation order aside; AdamW's g / (|g| + eps) turns that into weight
+    absent: the same loss and gradients for every objective, with the KL term and merged duplicates (float32 summation order aside; AdamW's g / (|g| + eps) turns that into weight
     differences on entries whose gradient is ~1e-9: ~1e-6, and 1.5e-5 on one entry of 61,696 on another CPU).
     So the weights must agree to 1e-5 on all but 0.1 % of entries and, on those, within AdamW's own bound of
     lr per update per entry."""
     runs, parts = {}, collections.Counter()
     for rows in (0, 5):
-        trainer = Trainer(_config(tmp_path / str(rows), steps=1, updates_per_step=2, minibatch_mode="as_sampled",
-                                  objective=objective, update_rows=rows, **{"objective_args.beta": 0.01}),
+        trainer = Trainer(_config(tmp_path / str(rows), steps=1, updates_per_step=2, objective=objective, update_rows=rows, **{"objective_args.beta": 0.01}),
                           progress=False)
         score = trainer.engine.token_logprobs
 

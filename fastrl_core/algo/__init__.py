@@ -6,8 +6,10 @@ Modules here import only torch and the standard library: no store, app, transfor
 - `objectives`: policy losses (GRPO, DAPO, GSPO, Dr.GRPO) chosen by name.
 - `advantages`: group advantages for groups of unequal size.
 - `sketches`: fixed-size gradient sketches per rollout.
-- `pruners`: keep/prune decisions per prompt group (the selections in `coreset`, `matching`, `dpp`; the paper's and
-  the authors' rules in `paper_pruners`).
+- `groups`: the pruning data (`GroupBatch`, `PruneResult`, `Reason`) and the padded (G, M) group layout.
+- `pruners`: the pruner interface, the registry of every pruner and the simple baselines (none, dapo_filter,
+  cppo, pods); the shipped rule in `fastrl` (its coreset in `coreset`), the paper's and the authors' in
+  `paper_pruners`.
 - `duplicates`: the exact merge of identical completions.
 - `costs`: how many rollouts to keep so that kept signal per second of a step is largest (from pass costs).
 - `budgets`: rollouts per prompt at each step.

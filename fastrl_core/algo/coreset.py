@@ -7,7 +7,7 @@ and minimising the right side is maximising the monotone submodular facility-loc
     F(S) = Σ_i ω_i max(0, max_{j∈S} sim(i, j)),   sim(i, j) = ||g_i|| − ||g_i − g_j||  (0 = "the empty facility",
 i.e. approximating g_i by nothing), whose greedy maximiser is within 1 − 1/e of the best (Nemhauser et al. 1978).
 Here every element i has a sign class (the sign of its advantage) and is represented only by kept elements of its
-own class, so each sign's mass is carried by its own sign; picks per class are capped as the DPP's are.
+own class, so each sign's mass is carried by its own sign; picks per class may be capped.
 """
 
 from __future__ import annotations

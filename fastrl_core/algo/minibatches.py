@@ -11,30 +11,19 @@ Pruning leaves fewer rollouts than were sampled, and a mode says what that does 
 |----------------|--------------------------------------------------------------|-----------------------------|
 | equal_updates  | `updates` of near-equal size (sizes differ by <= 1)          | `updates` (fewer if K < it) |
 | fixed_size     | chunks of ceil(full_rows / updates), last one short          | ceil(K / chunk size)        |
-| as_sampled     | the unpruned step's mini-batches less their pruned rows,     | `updates` (fewer if D < it) |
-|                | which stay in each loss's normaliser                         |                             |
 
 `equal_updates` is the authors' FastRL script (global batch 64 -> 16, so a pruned step still makes ~4 updates on
 mini-batches a quarter the size); `fixed_size` is verl's default with pruning bolted on (mini-batch size fixed by
 the unpruned step, so a step that kept half its rollouts makes half the updates). `full_rows` is the rollouts a
 full, unpruned step samples (prompts_per_step x rollouts_per_prompt).
 
-`as_sampled` splits all D distinct rows (kept and pruned; merged copies are their representative) as
-`equal_updates` splits an unpruned step, then leaves the pruned rows out of each mini-batch but passes them to the
-loss as absent rows (`policy_loss(absent_mask=...)`), so every update's normaliser is the unpruned one. Pruning a
-row then removes exactly its terms from the update: a pruned A = 0 row at beta = 0 changes nothing, and with
-nothing pruned the split is `equal_updates`' draw for draw. The other two modes normalise each loss over its kept
-rows, which scales a pruned step's gradient by sampled / kept.
-
 Measured (`fastrl bench --config configs/paper.yaml --methods grpo,fastrl_fixed_minibatch`, 3 seeds,
 docs/bench/paper-fixed-minibatch): FastRL with `fixed_size` makes ~1 update a step and is 1.72x faster per step than
 GRPO, but ends 4.6 +- 3.0 pts below it and never reaches its target accuracy; with `equal_updates` it is 1.39x and
-within noise of GRPO. So `equal_updates` is the default. `as_sampled` (docs/bench/paper-as-sampled, 5 seeds,
-mean@4) changed nothing measurable against `equal_updates`: −0.08 +- 0.96 pts for FastRL at keep 1.0, −0.34 +- 1.25
-with the cost rule, which also dipped late on greedy accuracy in 2 of 5 seeds.
+within noise of GRPO. So `equal_updates` is the default. (A third mode, `as_sampled`, kept pruned rows in the
+normaliser and changed nothing measurable: docs/experiments.md.)
 
-In the trainer (step 8) each mini-batch's loss is normalised over its own rows (as verl; as_sampled: over its
-sampled rows), and everything per
+In the trainer (step 8) each mini-batch's loss is normalised over its own rows (as verl), and everything per
 rollout travels with its row: advantage, pruner loss weight, behaviour and reference log-probs (the KL term to the
 reference, beta, is computed per mini-batch as in a single update); the step's loss/kl/clip metrics are the
 unweighted mean over its mini-batches and `updates` counts them.
@@ -55,7 +44,6 @@ AdamW step. So `rows` is the default.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -65,7 +53,6 @@ from fastrl_core.algo.registry import Registry
 
 MinibatchSplit = Callable[[Tensor, int, int], list[Tensor]]
 MINIBATCH_MODES: Registry[MinibatchSplit] = Registry("minibatch mode")
-OVER_SAMPLED_ROWS = {"as_sampled"}  # modes that split every distinct row, pruned ones included
 GROUPINGS = ("rows", "prompts")  # what the permutation moves (module docstring)
 
 
@@ -82,40 +69,15 @@ def _fixed_size(order: Tensor, updates: int, full_rows: int) -> list[Tensor]:
     return list(torch.split(order, size))
 
 
-@MINIBATCH_MODES.register("as_sampled")
-def _as_sampled(order: Tensor, updates: int, full_rows: int) -> list[Tensor]:
-    """`equal_updates` over all distinct rows; `minibatch_plan` then drops the pruned ones from each chunk."""
-    return _equal_updates(order, updates, full_rows)
-
-
-@dataclass(frozen=True)
-class Minibatch:
-    """One optimiser update: `kept` (k,) long indexes the step's kept rows, `absent` (a,) long the pruned rows
-    (positions in the keep mask) whose share the loss's normaliser keeps; both ascending."""
-
-    kept: Tensor
-    absent: Tensor
-
-
 def minibatch_plan(keep_mask: Tensor, *, updates: int, mode: str, full_rows: int,
-                   generator: torch.Generator, groups: Tensor | None = None) -> list[Minibatch]:
-    """The step's updates from the keep mask (D,) bool over its distinct rows: modes that split kept rows
-    (`minibatch_indices` over the K kept) have no absent rows; `as_sampled` splits all D rows and may give a
-    mini-batch with no kept row (its update then has no terms but still counts, as GRPO's would). groups: (D,)
-    each distinct row's prompt, to keep a prompt's rows together (`minibatch_grouping=prompts`); None: rows."""
+                   generator: torch.Generator, groups: Tensor | None = None) -> list[Tensor]:
+    """The step's updates from the keep mask (D,) bool over its distinct rows: `minibatch_indices` over the K
+    kept rows, each mini-batch a (k,) long tensor indexing the kept rows. groups: (D,) each distinct row's prompt,
+    to keep a prompt's rows together (`minibatch_grouping=prompts`); None: rows."""
     if groups is not None and groups.shape != keep_mask.shape:
         raise ValueError(f"groups must have the keep mask's shape {tuple(keep_mask.shape)}, got {tuple(groups.shape)}")
-    if mode not in OVER_SAMPLED_ROWS:
-        chunks = minibatch_indices(int(keep_mask.sum()), updates=updates, mode=mode, full_rows=full_rows,
-                                   generator=generator, groups=None if groups is None else groups[keep_mask])
-        return [Minibatch(kept=chunk, absent=torch.zeros(0, dtype=torch.long)) for chunk in chunks]
-    position = torch.cumsum(keep_mask.long(), 0) - 1  # (D,) index among the kept rows, where kept
-    plan = []
-    for chunk in minibatch_indices(keep_mask.numel(), updates=updates, mode=mode, full_rows=full_rows,
-                                   generator=generator, groups=groups):
-        kept_here = keep_mask[chunk]
-        plan.append(Minibatch(kept=position[chunk[kept_here]], absent=chunk[~kept_here]))
-    return plan
+    return minibatch_indices(int(keep_mask.sum()), updates=updates, mode=mode, full_rows=full_rows,
+                             generator=generator, groups=None if groups is None else groups[keep_mask])
 
 
 def minibatch_indices(num_rows: int, *, updates: int, mode: str, full_rows: int,

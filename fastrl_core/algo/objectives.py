@@ -24,10 +24,10 @@ Two per-rollout factors, both (B,):
   of every normaliser count m_i times, so the loss, its gradient and the metrics equal those of the batch with row
   i repeated m_i times (token-mean divides by Σ_i m_i·n_i, seq-mean by Σ_i m_i, Dr.GRPO by Σ_i m_i · max_length).
 
-`policy_loss` also takes the rows of the mini-batch that were pruned, by their response masks and multiplicities
-(`absent_mask`, `absent_counts`): they add their share to the normaliser and nothing to the values, so the loss and
-its gradient equal those of the batch with them present at weight 0, and need no log-probs
-(`minibatch_mode=as_sampled`, `algo.minibatches`).
+`policy_loss` also takes rows of the mini-batch that are not in this call, by their response masks and
+multiplicities (`absent_mask`, `absent_counts`): they add their share to the normaliser and nothing to the values,
+so the loss and its gradient equal those of the batch with them present at weight 0, and need no log-probs (the
+trainer's `update_rows` splits a mini-batch into parts this way).
 
 Names follow TRL's GRPOTrainer (`epsilon`, `epsilon_high`, `beta`, `max_completion_length` -> `max_length`);
 aggregation names spell out what they compute instead of TRL's loss_type names (grpo / dapo / dr_grpo).

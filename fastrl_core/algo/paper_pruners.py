@@ -1,4 +1,4 @@
-"""The paper's and the authors' pruning rules, as baselines for `fastrl` (registered in `algo.pruners.PRUNERS`).
+"""The paper's and the authors' pruning rules, as baselines for `fastrl` (registered in `algo.pruners`).
 
 | pruner          | rule                                                             | score                   | kept >= |
 |-----------------|------------------------------------------------------------------|-------------------------|---------|
@@ -21,8 +21,8 @@ import math
 import torch
 from torch import Tensor
 
-from fastrl_core.algo.pruners import (PRUNERS, GroupBatch, Groups, PruneResult, Reason, flat_result, keep_counts,
-                                      padded_result, rank_descending)
+from fastrl_core.algo.groups import (GroupBatch, Groups, PruneResult, Reason, flat_result, keep_counts, padded_result,
+                                     rank_descending)
 
 
 def token_jaccard_pairs(token_ids: tuple[Tensor, ...], first: Tensor, second: Tensor) -> Tensor:
@@ -52,7 +52,6 @@ def token_jaccard_pairs(token_ids: tuple[Tensor, ...], first: Tensor, second: Te
     return torch.where(union > 0, common / union.clamp(min=1), 1.0)
 
 
-@PRUNERS.register("fastrl_official")
 def fastrl_official(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
                     generator: torch.Generator | None, minibatch_size: int | None = None,
                     jaccard_threshold: float = 0.2, decimals: int = 4) -> PruneResult:
@@ -116,7 +115,6 @@ def _pair_ids(first: Tensor, second: Tensor) -> Tensor:
     return torch.unique(torch.stack([first, second]), dim=1, return_inverse=True)[1]
 
 
-@PRUNERS.register("random")
 def random_pruning(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
                    generator: torch.Generator | None) -> PruneResult:
     """Random pruning (paper Table 5, "Random-pruning 0.25 / 0.50 / 0.75": prune that share of each query's
@@ -131,7 +129,6 @@ def random_pruning(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_
     return padded_result(groups, keep, scores, torch.full_like(groups.index, int(Reason.NOT_SAMPLED)))
 
 
-@PRUNERS.register("advantage_only")
 def advantage_only(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
                    generator: torch.Generator | None, decimals: int = 4,
                    keep_zero_advantage: bool = True) -> PruneResult:
@@ -186,7 +183,6 @@ def ngram_ids(token_ids: tuple[Tensor, ...], n: int) -> tuple[Tensor, ...]:
     return tuple(torch.split(ids, counts))
 
 
-@PRUNERS.register("fastrl_paper")
 def fastrl_paper(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
                  generator: torch.Generator | None, tau: float = 0.8, ngram: int = 2, decimals: int = 4,
                  minibatch_size: int | None = None) -> PruneResult:

@@ -28,79 +28,10 @@ from pathlib import Path
 
 from fastrl_core import metrics
 from fastrl_core.config import TrainConfig, load_config
+from fastrl_core.methods import METHODS  # name -> overrides, from configs/methods.yaml
 from fastrl_core.store.layout import SAMPLED_SUFFIX
 from fastrl_core.store.schema import PHASES
 
-CUT = "budget_args.informative_target=0.9"  # the adaptive budget's rule 3: mixed prompts trimmed (algo.budgets)
-# name -> overrides; `<method>+<objective>` names share that objective's GRPO baseline (`grpo+<objective>`).
-# Add a method by adding an entry; its pruner and budget must be registered (checked when the bench starts).
-METHODS: dict[str, list[str]] = {
-    "grpo": ["pruner=none", "budget=fixed"],
-    "grpo_unmerged": ["pruner=none", "budget=fixed", "merge_duplicates=false"],  # every copy through every pass
-    "grpo_n5": ["pruner=none", "budget=fixed", "rollouts_per_prompt=5"],  # fewer samples, spread evenly
-    "grpo_n6": ["pruner=none", "budget=fixed", "rollouts_per_prompt=6"],  # a little below FastRL's 80 % of GRPO's
-    "dapo_filter": ["pruner=dapo_filter", "budget=fixed"],
-    "cppo": ["pruner=cppo", "budget=fixed"],
-    "pods": ["pruner=pods", "budget=fixed"],
-    "random": ["pruner=random", "budget=fixed"],  # paper Table 5: a random 50 % of each group
-    "advantage_only": ["pruner=advantage_only", "budget=fixed"],  # paper Table 5: one rollout per advantage value
-    "greso": ["pruner=none", "budget=greso"],  # skip prompts before generation from their reward history
-    "fastrl_paper": ["pruner=fastrl_paper", "budget=rollout_sa_paper"],  # the paper's rule and ARS as written
-    "fastrl_official": ["pruner=fastrl_official", "budget=rollout_sa"],  # the authors' code
-    # FastRL: the budget (decided prompts probed or skipped), the exact merge, A = 0 dropped, and pruning beyond
-    # that only what pays for its passes. Before 2026-12-02 `fastrl` and `adaptive_only` also cut mixed prompts
-    # (the budget's rule 3): those are now `fastrl_cut` / `adaptive_cut`, and the other adaptive methods below
-    # keep that cut (CUT) as they were measured.
-    "fastrl": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured"],
-    "adaptive_only": ["pruner=none", "budget=adaptive"],  # the budget alone, no pruning
-    # FastRL with the cost rule's rho pinned to the middle of what `measured` fitted over 160 steps of the paper
-    # regime on these 2-core machines (0.011-0.015): the same decisions on every draw of a seed
-    "fastrl_pinned": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=0.013"],
-    "fastrl_cut": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured", CUT],
-    "adaptive_cut": ["pruner=none", "budget=adaptive", CUT],
-    # fastrl_cut given 70 % of GRPO's 160-step rollouts (it sampled 11,388 of 20,480 in 160 steps, 71 a step): the
-    # issue's "30 % fewer rollouts over a run", spent on more steps (docs/bench/paper-long/shared-prompts/even)
-    "fastrl_cut_200": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured", CUT, "steps=200"],
-    # its even-split control: GRPO with the same rollouts (208 x 16 x 4 = 13,312) spread evenly over as many steps
-    "grpo_n4_208": ["pruner=none", "budget=fixed", "rollouts_per_prompt=4", "steps=208"],
-    # a milder rule 3: a mixed prompt at p = 1/2 gets 6 of 8 rollouts (5 at 0.9), one at p <= 0.3 keeps all 8
-    "fastrl_cut95": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
-                     "budget_args.informative_target=0.95"],
-    # the same, with the rollouts rule 3 saves spent on further prompts (up to 32) instead: as many rollouts as GRPO,
-    # spread over more groups; tells whether the cut lost accuracy for the 7th/8th rollouts or for the step's size
-    "fastrl_cut95_fill": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
-                          "budget_args.informative_target=0.95", "max_prompts_per_step=32"],
-    # the refill at FastRL's rollout count instead of GRPO's (0.8 of 16 x 8): more groups of fewer rollouts for
-    # the same generation; tells whether spreading the rollouts beats FastRL's 8 per mixed prompt (it does not:
-    # docs/bench/paper-long/fill80)
-    "fastrl_cut95_fill80": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
-                            "budget_args.informative_target=0.95", "max_prompts_per_step=32", "rollouts_per_step=102"],
-    "fastrl_ratio": ["pruner=fastrl", "budget=adaptive", CUT],  # the coreset at the config's keep ratio (0.5)
-    "fastrl_coreset": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=coreset"],  # facility loc.
-    "fastrl_matching": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.selection=matching"],  # grad. matching
-    "fastrl_zero_sum": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.mass=sign"],  # groups stay zero-sum
-    "fastrl_own_mass": ["pruner=fastrl", "budget=adaptive", CUT, "pruner_args.mass=own"],  # coreset weights 1
-    "fastrl_unmerged": ["pruner=fastrl", "budget=adaptive", CUT, "merge_duplicates=false"],  # answers rarely repeat
-    "fastrl_fixed_minibatch": ["pruner=fastrl", "budget=adaptive", CUT, "minibatch_mode=fixed_size"],  # fewer updates
-    "grpo_token_mean": ["pruner=none", "budget=fixed", "objective_args.aggregation=token_mean"],  # DAPO's normaliser
-    "fastrl_token_mean": ["pruner=fastrl", "budget=adaptive", CUT, "objective_args.aggregation=token_mean"],
-    "fastrl_keep_0.75": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=0.75"],  # prunes less
-    "fastrl_prune_only": ["pruner=fastrl", "budget=fixed"],  # the pruner alone, n rollouts for every prompt
-    "fastrl_lossless": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=1.0"],  # nothing pruned beyond A = 0
-    # as_sampled: pruned rows stay in each mini-batch's loss normaliser (an update loses exactly their terms)
-    "fastrl_as_sampled": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=1.0", "row_cost=measured",
-                          "minibatch_mode=as_sampled"],
-    "fastrl_lossless_as_sampled": ["pruner=fastrl", "budget=adaptive", CUT, "keep_ratio=1.0",
-                                   "minibatch_mode=as_sampled"],
-    # mini-batches of whole prompts (verl's unshuffled split): each update runs its few prompts once (share_prompts)
-    "grpo_grouped": ["pruner=none", "budget=fixed", "minibatch_grouping=prompts"],
-    "fastrl_grouped": ["pruner=fastrl", "budget=adaptive", "keep_ratio=1.0", "row_cost=measured",
-                       "minibatch_grouping=prompts"],
-    "grpo+dapo": ["pruner=none", "budget=fixed", "objective=dapo"],
-    "fastrl+dapo": ["pruner=fastrl", "budget=adaptive", CUT, "objective=dapo"],
-    "grpo+gspo": ["pruner=none", "budget=fixed", "objective=gspo"],
-    "fastrl+gspo": ["pruner=fastrl", "budget=adaptive", CUT, "objective=gspo"],
-}
 # The paper's own figures for the methods it ran (NOTES §6: Tables 2 and 5, Geometry3K, Qwen2.5-VL-7B, one run each):
 # speed-up over GRPO's training time · OOD average accuracy. Its headline: 2.07x on average over both datasets.
 PAPER_FIGURES = {

@@ -27,7 +27,7 @@ def _train(args: argparse.Namespace) -> int:
     if overrides and "=" not in overrides[0]:
         config_path = overrides.pop(0)
     if args.method:  # the bench's definition of the method, under the command line's own overrides
-        from fastrl_core.bench import METHODS
+        from fastrl_core.methods import METHODS
 
         if args.method not in METHODS:
             raise ConfigError(f"--method {args.method!r} is unknown; valid: {', '.join(METHODS)}")
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="[CONFIG.yaml] key=value ... (see --list-keys)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID exactly from its last checkpoint")
     p.add_argument("--method", metavar="NAME", help="a bench method's settings (grpo, fastrl, cppo, ...: "
-                   "`fastrl bench`'s METHODS) under the overrides given")
+                   "configs/methods.yaml) under the overrides given")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.set_defaults(func=_train)
 

@@ -213,3 +213,25 @@ def test_cost_table_states_the_ceilings_of_grpo_steps():
     text, _ = bench.cost_table(steps, per_run)
     assert "a pruner that kept no row at all would step 1.25× faster" in text
     assert "sampling at most 28 of the 128 rollouts (-78%)" in text
+
+
+def test_every_recipe_loads_and_is_used_by_the_docs_or_a_test(tmp_path):
+    """configs/methods.yaml: each recipe is a config the loader accepts (a retired key or pruner option would be
+    refused), and each is named in README.md, docs/results.md or a test (retired ones go to docs/experiments.md)."""
+    from pathlib import Path
+
+    from fastrl_core.config import load_config
+    from fastrl_core.methods import METHODS, load_methods
+
+    repo = Path(__file__).resolve().parent.parent
+    assert bench.METHODS is METHODS and METHODS == load_methods(repo / "configs" / "methods.yaml")
+    text = " ".join(p.read_text() for p in [repo / "README.md", repo / "docs" / "results.md",
+                                             *sorted((repo / "tests").glob("*.py"))])
+    for overrides in METHODS.values():
+        load_config(repo / "configs" / "paper.yaml", overrides)
+    unused = [name for name in METHODS if not any(f"{a}{name}{b}" in text for a, b in ["``", ",,", ", ", '""'])]
+    assert not unused, f"recipes no doc or test names: {unused}"
+    bad = tmp_path / "methods.yaml"
+    bad.write_text("grpo: pruner=none\n")
+    with pytest.raises(ValueError, match=r"methods.yaml: method 'grpo' must be a list of key=value overrides"):
+        load_methods(bad)

@@ -77,20 +77,14 @@ class TrainConfig:
                                    "mini-batches (EasyR1/verl: rollout batch / global batch; the paper uses 4)",
                                    bounds=">= 1")
     minibatch_mode: str = option("equal_updates", "how pruning sizes mini-batches: 'equal_updates' (always "
-                                 "updates_per_step mini-batches, smaller when pruned: the authors' script) or "
-                                 "'fixed_size' (mini-batch = prompts_per_step*rollouts_per_prompt/updates_per_step "
-                                 "rows, so a pruned step makes fewer updates)")
-    minibatch_grouping: str = option("rows", "what the mini-batch permutation moves: 'rows' (EasyR1, TRL) or "
-                                     "'prompts' (whole prompts, so a mini-batch holds few prompts and the engine "
-                                     "runs each once for its rows: share_prompts; verl without shuffling)")
-    update_rows: int = option(0, "rollouts per forward/backward inside an update (gradient accumulation over parts "
-                              "of a mini-batch: each part's loss counts the others as absent rows, so the loss and "
-                              "its gradient are the whole mini-batch's); bounds activation memory at real model "
-                              "sizes; 0 = the whole mini-batch at once", bounds=">= 0")
-    share_prompts: bool = option(True, "run each prompt through the decoder once for all its rollouts (HF "
-                                 "generate's prefill, the log-prob passes and the update) and continue every rollout "
-                                 "from its KV cache: the same numbers as one forward per rollout, with less time "
-                                 "(engines.hf); false = one forward per rollout")
+                                 "updates_per_step, smaller when pruned) or 'fixed_size' (fewer updates; "
+                                 "algo.minibatches)")
+    minibatch_grouping: str = option("rows", "what the mini-batch shuffle moves: 'rows' (EasyR1, TRL) or 'prompts' "
+                                     "(few prompts per mini-batch, each run once; algo.minibatches)")
+    update_rows: int = option(0, "rollouts per forward/backward inside an update (gradient accumulation, the same "
+                              "gradient; bounds memory at real model sizes); 0 = the whole mini-batch", bounds=">= 0")
+    share_prompts: bool = option(True, "run each prompt once for all its rollouts and continue each from its KV cache "
+                                 "(the same numbers, less time; engines.hf); false = one forward per rollout")
     recompute_old_logprobs: bool | None = option(None, "recompute old log-probs with the training model on kept "
                                                  "rollouts; null/auto (default) = yes exactly when the rollout "
                                                  "engine's numerics differ from the trainer's (vllm), no for hf")
@@ -107,9 +101,7 @@ class TrainConfig:
     keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps", bounds="(0, 1]")
     min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts", bounds=">= 1")
     row_cost: float | str | None = option(None, "fastrl's keep count from pass costs (algo.costs): null = keep_ratio "
-                                          "alone; 'measured' = each step, rho = one kept row's log-prob + update "
-                                          "seconds over the step's other seconds, fitted on this run's last steps "
-                                          "(decisions then depend on timing); a number = that rho (reproducible)")
+                                          "alone; 'measured' = rho fitted on this run's phase times; a number = rho")
     budget: str = option("adaptive", "rollout budget controller: fixed, rollout_sa, adaptive")
     budget_args: dict = option({}, "keyword arguments of the budget controller")
     # -- evaluation and checkpoints

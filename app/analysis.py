@@ -15,7 +15,7 @@ REASON_TEXT = {
     "LOW_ADVANTAGE": "|advantage| too small to beat the kept rollouts",
     "REDUNDANT": "its gradient direction was already covered by a kept rollout",
     "OVER_BUDGET": "outside the max-variance subset of the group",
-    "NOT_SAMPLED": "lost the random draw of its stratum (importance reweighting)",
+    "NOT_SAMPLED": "outside its group's random subset (pruner random)",
     "DUPLICATE": "same completion as a kept rollout of its group: updated once, counted as often as sampled",
 }
 

@@ -181,7 +181,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     +2.4 ± 1.8 pts per step; 0.95 −32 %, −1.9 ± 1.9; 0.9 −44 %, −2.9 ± 2.3. The cut rollouts are worth more on
     their mixed prompt than on further ones: 0.95 with its savings spent on further prompts (the refill, retired:
     docs/experiments.md) up to GRPO's total is +2.4 ± 2.2 per step, level with rule 3 off, which samples
-    20 % fewer (docs/bench/paper-long/fill); up to rule 3 off's total (rollouts_per_step=102) it is −1.1 ± 1.7
+    20 % fewer (docs/bench/paper-long/fill); up to rule 3 off's total (102 a step) it is −1.1 ± 1.7
     behind rule 3 off per step and −1.3 ± 0.6 at equal time (docs/bench/paper-long/fill80). Counted in rollouts
     (8 seeds, docs/bench/paper-long/shared-prompts/cuts and even; head to head, `metrics.difference_at_equal`):
     rule 2 alone reaches GRPO's target with 0.78× its rollouts; 0.9 is +3.7 ± 1.6 pts above rule 3 off at equal

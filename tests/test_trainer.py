@@ -91,6 +91,34 @@ def test_prompt_stream_windows_match_the_steps_and_stop_at_the_epoch_end():
     assert [sampler.advance(0, 3), sampler.advance(0, 5), sampler.advance(0, 7), sampler.advance(3, 6)] == [3, 5, 9, 9]
 
 
+class SnapshotEngine:
+    """An `Engine` that, like vLLM, samples from its own copy of the weights: an `HFEngine` on a deep copy of the
+    policy's model, refreshed only by `sync_weights`; `token_logprobs` scores with the model it is given, as
+    VLLMEngine's HF scorer does. Records its syncs and the problems it decoded greedily."""
+
+    def __init__(self, config, policy, projection) -> None:
+        self.own = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+        self.sampler = HFEngine(self.own, template=config.template, max_new_tokens=config.max_new_tokens,
+                                temperature=config.temperature, sketch_projection=projection,
+                                sketch_top_k=config.sketch_top_k or None)
+        self.syncs = 0
+        self.greedy_problems: list[str] = []
+
+    def generate(self, problems, rollouts_per_prompt, *, generator=None):
+        return self.sampler.generate(problems, rollouts_per_prompt, generator=generator)
+
+    def token_logprobs(self, model, problems, rollouts, index):
+        return self.sampler.token_logprobs(model, problems, rollouts, index)
+
+    def greedy(self, problems, *, batch_size=64):
+        self.greedy_problems += [problem.id for problem in problems]
+        return self.sampler.greedy(problems, batch_size=batch_size)
+
+    def sync_weights(self, model) -> None:
+        self.own.model.load_state_dict(model.state_dict())
+        self.syncs += 1
+
+
 def _assert_same_weights(model, reference: dict):
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(parameter.detach(), reference[name], rtol=0, atol=0, msg=name)
@@ -350,13 +378,14 @@ def test_a_given_row_cost_is_reproducible_and_prunes_rows_the_keep_ratio_keeps(t
 @pytest.mark.parametrize("objective", ["grpo", "dapo", "dr_grpo", "gspo", "gspo_token"])
 def test_update_rows_accumulates_the_same_update_in_parts(tmp_path, objective):
     """update_rows splits each mini-batch's forward/backward into parts whose losses count the other rows as
-    absent: the same loss and gradients for every objective, with the KL term and merged duplicates (float32 summation order aside; AdamW's g / (|g| + eps) turns that into weight
-    differences on entries whose gradient is ~1e-9: ~1e-6, and 1.5e-5 on one entry of 61,696 on another CPU).
-    So the weights must agree to 1e-5 on all but 0.1 % of entries and, on those, within AdamW's own bound of
-    lr per update per entry."""
+    absent: the same loss and gradients for every objective, with the KL term and merged duplicates (float32
+    summation order aside; AdamW's g / (|g| + eps) turns that into weight differences on entries whose gradient is
+    ~1e-9: ~1e-6, and 1.5e-5 on one entry of 61,696 on another CPU). So the weights must agree to 1e-5 on all but
+    0.1 % of entries and, on those, within AdamW's own bound of lr per update per entry."""
     runs, parts = {}, collections.Counter()
     for rows in (0, 5):
-        trainer = Trainer(_config(tmp_path / str(rows), steps=1, updates_per_step=2, objective=objective, update_rows=rows, **{"objective_args.beta": 0.01}),
+        trainer = Trainer(_config(tmp_path / str(rows), steps=1, updates_per_step=2, objective=objective,
+                                  update_rows=rows, **{"objective_args.beta": 0.01}),
                           progress=False)
         score = trainer.engine.token_logprobs
 

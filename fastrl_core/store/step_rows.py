@@ -13,6 +13,11 @@ Definitions (one place each):
   rewards. `accuracy`: mean of the accuracy rewards given (NaN without any). `format_rate`: mean format reward
   (only when format rewards are given).
 - a rollout's recorded `weight` is its loss weight when kept and 0 when pruned.
+- the split of a step's rollouts (`fastrl_core.metrics.rollout_split` reads it), given `nominal_per_prompt` n (the
+  fixed budget's count, what plain GRPO samples per prompt): `rollouts_nominal` = G·n; `rollouts_skipped` = G·n − N,
+  what the budget did not sample; `rollouts_merged`: copies of an identical completion of their group (multiplicity
+  0: every method that merges duplicates skips them, whatever the pruner decided about their representative);
+  `rollouts_pruned` = N − kept − merged, distinct rollouts the pruner's own rule dropped. Per group `merged`.
 """
 
 from __future__ import annotations
@@ -97,6 +102,9 @@ class StepResult:
     cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # process CPU seconds per phase -> `cpu_<phase>`
     metrics: Mapping[str, Any] = field(default_factory=dict)  # further steps columns: loss, kl, lr, epoch_end, ...
     wall_time: float | None = None  # training seconds so far (None: the writer's clock)
+    multiplicity: Any | None = None  # (N,) int: identical-completion class size at a representative, 0 at a copy
+    #                                  (algo.duplicates); None: nothing merged (all ones)
+    nominal_per_prompt: int | None = None  # n of the fixed budget (config rollouts_per_prompt); None: no split
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,12 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
     keep = _numpy(result.keep_mask, bool).reshape(-1)
     stats = group_stats(rewards, result.group_index, keep, num_groups)
     n = rewards.size
+    multiplicity = (np.ones(n, np.int64) if result.multiplicity is None
+                    else _numpy(result.multiplicity, np.int64).reshape(-1))
+    if multiplicity.size != n:
+        raise ValueError(f"StepResult.multiplicity has {multiplicity.size} entries for {n} rollouts")
+    copies = multiplicity == 0
+    merged = np.bincount(_numpy(result.group_index, np.int64).reshape(-1)[copies], minlength=num_groups)
     per_rollout = {"completions": result.completions, "lengths": result.lengths, "advantages": result.advantages,
                    "reasons": result.reasons, "scores": result.scores, "weights": result.weights,
                    "format_rewards": result.format_rewards, "accuracy_rewards": result.accuracy_rewards,
@@ -143,6 +157,14 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
         "reward_mean": _mean(rewards), "accuracy": _mean(accuracy_values),
         "zero_variance_groups": int(((stats.reward_std == 0) & (stats.sampled > 0)).sum()),
     }
+    if result.nominal_per_prompt is not None:
+        nominal = int(result.nominal_per_prompt) * num_groups
+        merged_total = int(copies.sum())
+        if (copies & keep).any():
+            raise ValueError("StepResult: a merged copy (multiplicity 0) is marked kept")
+        pruned = int(n - keep.sum() - merged_total)
+        step_row.update({"rollouts_nominal": nominal, "rollouts_skipped": nominal - int(n),
+                         "rollouts_merged": merged_total, "rollouts_pruned": pruned})
     if result.format_rewards is not None:
         step_row["format_rate"] = _mean(_numpy(result.format_rewards, np.float64).reshape(-1))
     step_row.update(result.metrics)
@@ -152,10 +174,10 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
         step_row["wall_time"] = float(result.wall_time)
 
     groups = [{"prompt_id": prompt_id, "reward_mean": float(mean), "reward_std": float(std), "sampled": int(s),
-               "kept": int(k)}
-              for prompt_id, mean, std, s, k in zip(result.prompt_ids, stats.reward_mean.tolist(),
-                                                    stats.reward_std.tolist(), stats.sampled.tolist(),
-                                                    stats.kept.tolist())]
+               "kept": int(k), "merged": int(m)}
+              for prompt_id, mean, std, s, k, m in zip(result.prompt_ids, stats.reward_mean.tolist(),
+                                                       stats.reward_std.tolist(), stats.sampled.tolist(),
+                                                       stats.kept.tolist(), merged.tolist())]
     rollouts = _rollout_rows(result, rewards, keep) if log_rollouts else []
     return StepRows(int(result.step), step_row, groups, rollouts, dict(result.images), stats)
 

@@ -518,11 +518,28 @@ def test_pruning_saving_names_only_the_passes_the_run_had():
     steps = pd.DataFrame({"rollouts_sampled": [100, 100], "rollouts_kept": [50, 30], "time_update": [3.0, 1.0],
                           "time_logprob": [0.0, 0.0]})
     text = pruning_saving(steps)
-    assert "no reference or old log-prob pass ran" in text and "120 pruned rollouts of 200" in text
+    assert "skipped the update." in text and "log-prob" not in text and "120 rollouts of 200" in text
     assert "~6 s" in text  # (3 + 1) s on 80 kept -> 120 more at the same cost per rollout
     with_kl = steps.assign(time_logprob=[1.0, 1.0])
-    assert "the update and the reference / old log-prob passes" in pruning_saving(with_kl)
-    assert pruning_saving(steps.assign(rollouts_kept=[100, 100])) == "No rollout was pruned in this run."
+    assert "skipped the reference log-prob pass and the update" in pruning_saving(
+        with_kl, core_metrics.passes_after_pruning(with_kl, {"objective_args": {"beta": 0.01}}))
+    assert pruning_saving(steps.assign(rollouts_kept=[100, 100])) == \
+        "No sampled rollout was left out of the passes in this run."
     assert "pass costs" not in text and "pass costs" not in pruning_saving(steps.assign(row_cost=[None, None]))
+    assert "pass costs" not in pruning_saving(steps.assign(row_cost=[0.0, 0.0]))  # the "ρ = 0.0000"
     costed = pruning_saving(steps.assign(row_cost=[None, 0.0125]))
-    assert "from pass costs on 1 of 2 steps: a kept row cost ρ = 0.0125 (median; 0.0125–0.0125)" in costed
+    assert "from pass costs on 1 of 2 steps (a kept row cost ρ = 0.0125 of the step's other seconds, median; " \
+           "0.0125–0.0125)" in costed
+
+
+def test_budget_decisions_timeline_and_multiplicity_by_hand():
+    assert [analysis.budget_decision(s, 8) for s in (0, 2, 5, 8)] == ["skip", "probe", "trimmed", "full"]
+    groups = pd.DataFrame({"step": [3, 0, 1, 0], "prompt_id": ["a", "a", "a", "b"], "sampled": [0, 8, 2, 8],
+                           "kept": [0, 3, 0, 8], "merged": [0, 4, 1, 0], "reward_mean": [0.0, 0.5, 1.0, 0.2],
+                           "reward_std": [0.0, 0.4, 0.0, 0.1]})
+    line = analysis.prompt_timeline(groups, "a", n=8)
+    assert line["step"].tolist() == [0, 1, 3] and line["decision"].tolist() == ["full", "probe", "skip"]
+    assert line["outcome"].tolist() == ["mixed", "all equal (r = 1.00)", "not sampled"]
+    rollouts = pd.DataFrame({"step": [0, 0, 0, 0, 1], "prompt_id": ["a", "a", "a", "b", "a"],
+                             "completion": ["x", "y", "x", "x", "x"]})
+    assert analysis.multiplicity(rollouts).tolist() == [2, 1, 0, 1, 1]  # copies per (step, prompt) only

@@ -323,3 +323,26 @@ def rollout_table(rollouts: pd.DataFrame) -> pd.DataFrame:
         "reward": rollouts["reward"].round(2), "advantage": rollouts["advantage"].round(3),
         "completion": rollouts["completion"].fillna("—")})
     return view.sort_values("advantage", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def text_column(values: pd.Series, spec: str) -> pd.Series:
+    """Numbers as text in `spec` (a trailing × or % kept as a suffix), missing ones as "—" (never "None")."""
+    suffix = spec[-1] if spec and not spec[-1].isalpha() and spec[-1] not in ".0123456789" else ""
+    core = spec[:-1] if suffix else spec
+    return values.map(lambda v: "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) or pd.isna(v)
+                      else f"{v:{core}}{suffix}")
+
+
+def display_frame(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> pd.DataFrame:
+    """A table for display: float columns as text (`formats`, else 3 significant digits), missing values "—"."""
+    formats = formats or {}
+    out = frame.copy()
+    for name in out.columns:
+        column = out[name]
+        if name in formats:
+            out[name] = text_column(column, formats[name])
+        elif pd.api.types.is_float_dtype(column):
+            out[name] = text_column(column, ".3g")
+        elif column.dtype == object:
+            out[name] = column.map(lambda v: "—" if v is None or (isinstance(v, float) and np.isnan(v)) else v)
+    return out

@@ -346,3 +346,22 @@ def display_frame(frame: pd.DataFrame, formats: dict[str, str] | None = None) ->
         elif column.dtype == object:
             out[name] = column.map(lambda v: "—" if v is None or (isinstance(v, float) and np.isnan(v)) else v)
     return out
+
+
+def token_html(tokens: list[tuple[str, float]], advantage: float) -> str:
+    """A rollout's tokens as HTML spans, each coloured by its sampling log-prob (white: log-prob 0, the policy was
+    certain; deep red: -4 or below) with the value on hover, after a badge with the rollout's advantage (the same for
+    every token of a GRPO rollout: it scales each token's log-prob gradient)."""
+    import html
+
+    spans = []
+    for token, logprob in tokens:
+        strength = min(1.0, max(0.0, -logprob / 4.0))
+        colour = f"rgba(231,111,81,{0.08 + 0.85 * strength:.2f})"
+        shown = html.escape(token).replace(" ", "&nbsp;").replace("\n", "↵<br>")
+        spans.append(f"<span title='log-prob {logprob:.3f} (p = {np.exp(logprob):.2f})' style='background:{colour};"
+                     f"border-radius:3px;padding:1px 1px;margin:0 1px;font-family:monospace'>{shown or '∅'}</span>")
+    sign = "#2a9d8f" if advantage > 0 else "#e76f51" if advantage < 0 else "#999"
+    badge = (f"<span style='background:{sign};color:white;border-radius:4px;padding:2px 6px;margin-right:6px'>"
+             f"advantage {advantage:+.3f}</span>")
+    return f"<div style='line-height:2'>{badge}{''.join(spans)}</div>"

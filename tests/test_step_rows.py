@@ -1,6 +1,7 @@
 """The one builder of a step's store rows: group statistics by hand, rows that validate against the store schema
 and are written and read back by the store, and clear errors for mis-sized inputs."""
 
+import json
 import math
 
 import numpy as np
@@ -142,3 +143,23 @@ def test_split_is_written_and_read_back(tmp_path):
     assert steps[["rollouts_nominal", "rollouts_skipped", "rollouts_merged", "rollouts_pruned"]].iloc[0].tolist() == \
         [8, 3, 2, 1]
     assert read_groups(tmp_path, writer.run_id)["merged"].tolist() == [1, 1]
+
+
+def test_tokens_with_their_log_probs_are_stored_for_kept_and_pruned_rollouts(tmp_path):
+    ids = torch.tensor([[5, 6, 0], [7, 0, 0], [5, 5, 6], [6, 0, 0], [7, 7, 0]])
+    mask = ids > 0
+    logprobs = torch.tensor([[-0.1234, -2.0, 0.0], [-0.5, 0.0, 0.0], [-1.0, -1.0, -3.0], [-0.25, 0, 0],
+                             [-4.0, -4.0, 0.0]])
+    decoded = []
+    rows = step_rows(_result(token_ids=ids, token_mask=mask, token_logprobs=logprobs,
+                             decode_token=lambda t: decoded.append(t) or {5: "a", 6: " b", 7: "\\boxed{"}[t]))
+    assert json.loads(rows.rollouts[0]["tokens"]) == [["a", -0.123], [" b", -2.0]]
+    assert json.loads(rows.rollouts[1]["tokens"]) == [["\\boxed{", -0.5]]  # a pruned rollout has its tokens too
+    assert sorted(decoded) == [5, 6, 7]  # each token id decoded once per step
+    writer = RunWriter(tmp_path, name="tokens", config={}, model="m", dataset="d", objective="grpo", pruner="fastrl",
+                       budget="adaptive")
+    rows.write_to(writer)
+    read = read_rollouts(tmp_path, writer.run_id, columns=["rollout_id", "tokens"])
+    assert json.loads(read["tokens"].iloc[2]) == [["a", -1.0], ["a", -1.0], [" b", -3.0]]
+    assert "tokens" not in read_rollouts(tmp_path, writer.run_id).columns  # not read unless asked for
+    assert "tokens" not in step_rows(_result()).rollouts[0]  # no tokens given: none recorded

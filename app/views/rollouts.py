@@ -94,9 +94,16 @@ def full_text(frame: pd.DataFrame, key: str) -> None:
                 f"{row['advantage']:+.3f} · {row['status']}" + (f" ({row['reason']})" if row["reason"] != "—" else "")
                 + f" · stands for {int(row['multiplicity'])} · {int(row['length'])} tokens")
     st.code(row["completion"], language=None, wrap_lines=True)
-    st.caption("Per-token log-probabilities are not stored in the run store, so no token-level colouring is shown: "
-               "the text above is the complete decoded completion with the rollout's own advantage, reward and "
-               "token count.")
+    tokens = data.tokens(run_id, int(row["step"]), chosen)
+    if tokens is None:
+        st.caption("This run's store has no per-token log-probabilities (written before they were recorded, or by "
+                   "a trainer that does not record them): the text above is the complete decoded completion with "
+                   "the rollout's own advantage, reward and token count.")
+    else:
+        st.markdown("**Token by token.** Each token shaded by the log-probability the policy gave it when sampling "
+                    "(darker: less likely; hover for the value); the badge is the rollout's advantage, which scales "
+                    "every token's log-prob gradient in the update.")
+        st.html(analysis.token_html(tokens, float(row["advantage"])))
 
 
 if prompt == ALL:

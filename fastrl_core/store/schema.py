@@ -96,6 +96,9 @@ ROLLOUTS = [
     _c("weight", FLOAT, nullable=True),  # loss weight of a kept rollout (e.g. importance reweighting)
     _c("length", INT, nullable=True),  # completion tokens
     _c("sketch", SKETCH, nullable=True),  # gradient sketch, (D,) float32
+    # completion tokens with their sampling log-probs, JSON [[token, logprob], ...] (store.step_rows); not read by
+    # default (read_rollouts(columns=[..., "tokens"])): stores written before 2026-12-06 have no such column
+    _c("tokens", STR, nullable=True, required=False),
     _c("proj_x", FLOAT, nullable=True, required=False),  # 2-D map coordinates; usually set later by set_projection
     _c("proj_y", FLOAT, nullable=True, required=False),
 ]

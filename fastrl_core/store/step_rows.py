@@ -18,6 +18,9 @@ Definitions (one place each):
   what the budget did not sample; `rollouts_merged`: copies of an identical completion of their group (multiplicity
   0: every method that merges duplicates skips them, whatever the pruner decided about their representative);
   `rollouts_pruned` = N − kept − merged, distinct rollouts the pruner's own rule dropped. Per group `merged`.
+- a rollout's `tokens` (with token_ids, token_mask, token_logprobs and decode_token given): its completion tokens and
+  their sampling log-probs as compact JSON text, [[token, logprob rounded to 3 decimals], ...], for kept and pruned
+  rollouts alike (the Rollouts page's token view); None otherwise.
 """
 
 from __future__ import annotations
@@ -105,6 +108,10 @@ class StepResult:
     multiplicity: Any | None = None  # (N,) int: identical-completion class size at a representative, 0 at a copy
     #                                  (algo.duplicates); None: nothing merged (all ones)
     nominal_per_prompt: int | None = None  # n of the fixed budget (config rollouts_per_prompt); None: no split
+    token_ids: Any | None = None  # (N, T) completion token ids, right-padded; with token_mask, token_logprobs and
+    token_mask: Any | None = None  # (N, T) bool                               decode_token: each rollout's
+    token_logprobs: Any | None = None  # (N, T) behaviour log-probs            `tokens` row (module docstring)
+    decode_token: Any | None = None  # (int) -> str: one token's text
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,9 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
                                                        stats.reward_std.tolist(), stats.sampled.tolist(),
                                                        stats.kept.tolist(), merged.tolist())]
     rollouts = _rollout_rows(result, rewards, keep) if log_rollouts else []
+    if rollouts and result.decode_token is not None:
+        for row, text in zip(rollouts, token_texts(result)):
+            row["tokens"] = text
     return StepRows(int(result.step), step_row, groups, rollouts, dict(result.images), stats)
 
 
@@ -203,3 +213,26 @@ def _rollout_rows(result: StepResult, rewards: np.ndarray, keep: np.ndarray) -> 
         "advantage": advantages[i], "kept": kept[i], "reason": result.reasons[i], "score": scores[i],
         "weight": weights[i], "length": lengths[i], "sketch": sketches[i] if sketches is not None else None,
     } for i, g in enumerate(group)]
+
+
+def token_texts(result: StepResult) -> list[str]:
+    """Each rollout's completion tokens with their log-probs as JSON text (module docstring); (N,) strings."""
+    import json
+
+    ids = _numpy(result.token_ids, np.int64)
+    mask = _numpy(result.token_mask, bool)
+    logprobs = _numpy(result.token_logprobs, np.float64)
+    if not ids.shape == mask.shape == logprobs.shape:
+        raise ValueError(f"StepResult: token_ids {ids.shape}, token_mask {mask.shape} and token_logprobs "
+                         f"{logprobs.shape} must have one (N, T) shape")
+    text: dict[int, str] = {}
+    out = []
+    for row_ids, row_mask, row_lp in zip(ids.tolist(), mask.tolist(), logprobs.tolist()):
+        pairs = []
+        for token, on, lp in zip(row_ids, row_mask, row_lp):
+            if on:
+                if token not in text:
+                    text[token] = result.decode_token(token)
+                pairs.append([text[token], round(lp, 3)])
+        out.append(json.dumps(pairs, ensure_ascii=False, separators=(",", ":")))
+    return out

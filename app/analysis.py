@@ -199,7 +199,8 @@ def credit_sentence(method: str, baseline: str, credit: dict) -> str:
     if not np.isfinite(credit["total"]):
         return "No rollouts recorded yet to credit."
     return (f"Against {baseline}, {method} sent **{credit['total']:.1%} fewer** of its nominal rollouts into the "
-            f"passes (points of nominal): the budget {credit['budget']:+.1%}, the pruning rule {credit['rule']:+.1%}; merging duplicates "
+            f"passes (points of nominal): the budget {credit['budget']:+.1%}, the pruning rule "
+            f"{credit['rule']:+.1%}; merging duplicates "
             f"(both methods do it) accounts for {credit['merge']:+.1%}, credited to neither.")
 
 

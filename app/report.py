@@ -38,11 +38,12 @@ def comparison_caption(method: str, base_method: str, seeds: int, base_seeds: in
                        running: bool) -> str:
     """What section 3's figures are, said as they are: runs trained interleaved, seeds, the evaluations the final
     accuracy averages (`window`, possibly fewer than the bench's), intervals only with two seeds or more."""
+    accuracy = "mean@k (k samples per problem at the training temperature)" if sampled else "greedy accuracy"
     intervals = ("± and [ ] are 95 % intervals over seeds" if min(seeds, base_seeds) >= 2 else
                  "one seed, so no interval: a second seed (`fastrl bench --seeds 0,1`) would give one")
     return (f"Measured on this machine from runs trained interleaved step by step in one process ({method}: {seeds} "
             f"seed{'s' if seeds != 1 else ''}, {base_method}: {base_seeds}), paired by seed, so load from other "
-            f"jobs slowed both alike. Accuracy is {'mean@k (k samples per problem at the training temperature)' if sampled else 'greedy accuracy'} "
+            f"jobs slowed both alike. Accuracy is {accuracy} "
             f"on the held-out split, the mean of the last {window} evaluation{'s' if window != 1 else ''} after the "
             f"warm start; {intervals}."
             + (" Some of these runs are still training, so the figures will move." if running else ""))
@@ -106,7 +107,8 @@ def render(store_dir: str | Path, run_id: str | None = None) -> str:
             png = store.read_image(store_dir, ref)
             parts.append(f"<img alt='prompt {html.escape(prompt)}' style='float:right;width:260px;margin-left:1em' "
                          f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-        parts.append(f"<p><b>Step {step}, prompt {html.escape(prompt)}.</b> {html.escape(group['question'].iloc[0] or '')}"
+        question = html.escape(group["question"].iloc[0] or "")
+        parts.append(f"<p><b>Step {step}, prompt {html.escape(prompt)}.</b> {question}"
                      f"<br>Correct answer: <code>{html.escape(str(group['answer'].iloc[0] or '—'))}</code></p>")
         parts.append(_md(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO")))
         parts.append(_figure(charts.group_bars(group, revision="report"), first))
@@ -197,7 +199,8 @@ def _comparison(store_dir: Path, runs: pd.DataFrame, run_id: str, base_id: str, 
                                       y_title="greedy test accuracy", revision="report"), first),
             "<div class='metrics'>" + "".join(f"<div class='metric'>{html.escape(k)}<b>{html.escape(v)}</b></div>"
                                               for k, v in figures.items()) + "</div>",
-            f"<p class='caption'>{html.escape(comparison_caption(method, base_method, seeds, base_seeds, window, False, running))}</p>"]
+            "<p class='caption'>" + html.escape(comparison_caption(method, base_method, seeds, base_seeds, window,
+                                                                   False, running)) + "</p>"]
 
 
 def write_report(store_dir: Path, out: Path, run_id: str | None = None) -> Path:

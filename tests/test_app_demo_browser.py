@@ -106,7 +106,7 @@ def load(page, url: str, marker: str, name: str) -> None:
 
 def plot_traces(page) -> list[dict]:
     """Every Plotly trace on the page: name, x values and colour."""
-    return page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(el => (el.data || [])
+    return page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(el => (el._fullData || [])
         .map(t => ({name: t.name || '', type: t.type, x: Array.from(t.x || []), y: Array.from(t.y || []),
                     colour: (t.line && t.line.color) || (t.marker && typeof t.marker.color === 'string' ?
                              t.marker.color : null)})))""")
@@ -171,7 +171,7 @@ def test_budget_page_timeline_and_whole_run_heatmap(demo, page):
     run_id = run_id_of(store_dir, "fastrl")
     load(page, f"{url}/budget?run={run_id}", "Per-prompt budget, the whole run", "budget")
     page.wait_for_selector("text=One prompt's visits")
-    heatmap = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(el => el.data)
+    heatmap = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(el => el._fullData)
         .filter(t => t.type === 'heatmap').map(t => ({x: Array.from(t.x), y: Array.from(t.y)}))""")[0]
     assert heatmap["x"] == list(range(10)) and len(heatmap["y"]) == 16
     assert all(label.startswith("synthetic_train_") for label in heatmap["y"])
@@ -207,7 +207,7 @@ def test_runs_and_embeddings_pages(demo, page):
     colours = {t["name"]: t["colour"] for t in plot_traces(page) if t["name"] in ("fastrl (1 seed)", "grpo (1 seed)")}
     assert colours == {"fastrl (1 seed)": palette.FASTRL, "grpo (1 seed)": palette.GRPO}
     page.screenshot(path=str(SCREENSHOTS / "runs.png"), full_page=True)
-    load(page, f"{url}/embeddings?run={run_id_of(store_dir, 'grpo')}", "plain GRPO (pruner `none`)",
+    load(page, f"{url}/embeddings?run={run_id_of(store_dir, 'grpo')}", "is plain GRPO",
          "embeddings (GRPO run)")
     load(page, f"{url}/embeddings?run={run_id_of(store_dir, 'fastrl')}", "map of", "embeddings")
     page.wait_for_selector("text=UMAP map of", timeout=900_000)  # PCA first; redrawn once the background fit is done

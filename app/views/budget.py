@@ -38,11 +38,11 @@ def budget() -> None:
                    help=f"Mean over the step's prompts; plain GRPO samples {n} for every prompt.")
     decisions = matrix.assign(decision=[analysis.budget_decision(int(s), n, n_min) for s in matrix["sampled"]])
     latest = decisions[decisions["step"] == decisions["step"].max()]["decision"].value_counts()
-    cols[3].metric("Budget's decisions, latest step",
-                   " · ".join(f"{latest.get(d, 0)} {d}" for d in ("full", "probe", "trimmed", "skip")
-                              if latest.get(d, 0) or d in ("full", "skip")),
-                   help=f"full: {n} rollouts as plain GRPO; probe: {n_min} for a prompt decided on its last visit; "
-                        "trimmed: fewer for a mixed prompt; skip: none this step.")
+    cols[3].metric("Full / probe / trimmed / skip", " / ".join(str(latest.get(d, 0)) for d in
+                                                             ("full", "probe", "trimmed", "skip")),
+                   help=f"The budget's decisions for the latest step's prompts. full: {n} rollouts as plain GRPO; "
+                        f"probe: {n_min} for a prompt decided on its last visit; trimmed: fewer for a mixed prompt; "
+                        "skip: none this step.")
 
     st.subheader("Where plain GRPO's rollouts went")
     if metrics.has_split(steps):

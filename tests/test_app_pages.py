@@ -588,3 +588,34 @@ def test_token_html_shades_each_token_by_its_log_prob():
     assert html.count("<span title='log-prob") == 3
     assert "rgba(231,111,81,0.08)" in html and "rgba(231,111,81,0.93)" in html  # certain vs unlikely
     assert "&lt;b&gt;" in html and "advantage +0.500" in html  # token text escaped
+
+
+def test_missing_deep_links_say_what_is_missing(monkeypatch, trained):
+    store_dir, run_ids = trained
+    at = open_page(monkeypatch, store_dir, "rollouts", run="nosuchrun", step="999", prompt="nosuchprompt")
+    warnings = " ".join(w.value for w in at.warning)
+    assert "run `nosuchrun`, which is not in this store" in warnings
+    assert "step `999`" in warnings and f"0–{REAL_STEPS - 1}" in warnings
+    assert "prompt `nosuchprompt`" in warnings
+
+
+def test_plain_grpo_is_credited_with_nothing_and_has_no_sketch_map(monkeypatch, trained):
+    store_dir, run_ids = trained
+    grpo = next(r for name, r in run_ids.items() if name.startswith("grpo"))
+    at = open_page(monkeypatch, store_dir, "budget", run=grpo)
+    assert "This is plain GRPO: it prunes nothing" in texts(at) and "0 (0%) skipped by the budget" in texts(at)
+    at = open_page(monkeypatch, store_dir, "embeddings", run=grpo)
+    assert "is plain GRPO (pruner `none`)" in texts(at) and "without rollout logging" not in texts(at)
+    at = open_page(monkeypatch, store_dir, "embeddings")  # opens on a run that has sketches
+    assert at.selectbox(key="picker_run").value in {run_ids["fastrl"], run_ids["fastrl-1"]}
+
+
+def test_rollouts_page_shows_one_rollout_token_by_token(monkeypatch, trained):
+    store_dir, run_ids = trained
+    at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="1")
+    assert "Token by token" in texts(at)
+    html = at.get("html")[0].proto.body
+    tokens = json.loads(store.read_rollouts(store_dir, run_ids["fastrl"], step=1, columns=["rollout_id", "tokens"])
+                        .set_index("rollout_id").loc[at.selectbox(key="full_group").value, "tokens"])
+    assert html.count("<span title='log-prob") == len(tokens) > 0
+    assert any("The same prompt in" in s.value for s in at.subheader)  # the paired GRPO run, side by side

@@ -67,14 +67,15 @@ def _table(frame: pd.DataFrame) -> str:
 def render(store_dir: str | Path, run_id: str | None = None) -> str:
     """The Demo page of `run_id` (default: the newest FastRL run, else the newest run) as one HTML document."""
     store_dir = Path(store_dir)
-    runs = store.read_runs(store_dir).sort_values("started", ascending=False, kind="stable").reset_index(drop=True)
-    if runs.empty:
-        raise ValueError(f"fastrl report: the store {store_dir} has no runs")
+    runs = store.read_runs(store_dir) if (store_dir / "runs").exists() else pd.DataFrame()
+    if runs.empty:  # FileNotFoundError: the CLI prints its message on one line (a user's error, not the code's)
+        raise FileNotFoundError(f"fastrl report: the store {store_dir} has no runs")
+    runs = runs.sort_values("started", ascending=False, kind="stable").reset_index(drop=True)
     if run_id is None:
         mine = runs[runs["pruner"] == "fastrl"]
         run_id = str((mine if len(mine) else runs)["run_id"].iloc[0])
     if run_id not in set(runs["run_id"]):
-        raise ValueError(f"fastrl report: no run {run_id!r} in {store_dir} (runs: {', '.join(runs['run_id'])})")
+        raise FileNotFoundError(f"fastrl report: no run {run_id!r} in {store_dir} (runs: {', '.join(runs['run_id'])})")
     by_id = runs.set_index("run_id", drop=False)
     base_id, why = analysis.paired_baseline(runs, run_id)
     ids = [run_id] + ([base_id] if base_id else [])

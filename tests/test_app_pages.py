@@ -579,8 +579,11 @@ def test_report_writes_the_demo_as_one_offline_file(tmp_path, trained):
     assert text.count("<script") >= 3 and text.count("Plotly.newPlot") >= 3
     assert 'src="https://cdn' not in text and "src='https://" not in text  # plotly.js inline, nothing fetched
     assert "data:image/png;base64," in text and "Caveats" in text and "credited to neither" in text
-    with pytest.raises(ValueError, match="no run 'nosuchrun'"):
+    with pytest.raises(FileNotFoundError, match="no run 'nosuchrun'"):
         render(store_dir, "nosuchrun")
+    from fastrl_core.cli import main
+
+    assert main(["report", "--store", str(tmp_path / "empty"), "--out", str(tmp_path / "x.html")]) == 2
 
 
 def test_token_html_shades_each_token_by_its_log_prob():

@@ -171,10 +171,14 @@ def test_budget_page_timeline_and_whole_run_heatmap(demo, page):
     run_id = run_id_of(store_dir, "fastrl")
     load(page, f"{url}/budget?run={run_id}", "Per-prompt budget, the whole run", "budget")
     page.wait_for_selector("text=One prompt's visits")
+    page.get_by_text("Per-prompt budget, the whole run").scroll_into_view_if_needed()
+    page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')]
+        .some(el => (el._fullData || []).some(t => t.type === 'heatmap'))""")  # drawn once scrolled into view
     heatmap = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(el => el._fullData)
         .filter(t => t.type === 'heatmap').map(t => ({x: Array.from(t.x), y: Array.from(t.y)}))""")[0]
     assert heatmap["x"] == list(range(10)) and len(heatmap["y"]) == 16
     assert all(label.startswith("synthetic_train_") for label in heatmap["y"])
+    page.evaluate("window.scrollTo(0, 0)")
     names = {t["name"] for t in plot_traces(page)}
     assert {"skipped by the budget", "merged as duplicates (every method)", "pruned by the method's rule"} <= names
     assert any(n.startswith("sampled · ") for n in names)  # the timeline's decisions

@@ -119,11 +119,11 @@ def run_demo(*, store: Path, port: int, address: str, steps: int | None, overrid
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    started = time.monotonic()  # the wall time README states: app start, warm start, training and evaluations
     store.mkdir(parents=True, exist_ok=True)
     overrides = [*(overrides or []), *([f"steps={steps}"] if steps is not None else [])]
     steps_each = demo_configs(store, overrides)["grpo"].steps  # a bad override fails before the app starts
     app = serve(store, port=port, address=address, timeout=90)  # returns once healthy
-    started = time.monotonic()
     try:
         print(f"\nFastRL dashboard: http://{address}:{port}   (store: {store}; Ctrl-C stops)\n"
               f"Training {' and '.join(DEMO_METHODS)} interleaved step by step ({CONFIG.name}: "

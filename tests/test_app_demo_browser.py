@@ -57,6 +57,7 @@ def demo(tmp_path_factory):
     finally:
         process.terminate()
         process.wait(60)
+        process.stdout.close()
 
 
 def _run_ids(store_dir: Path) -> list[str]:

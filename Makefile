@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 setup: $(STAMP)
 
-## The main job: train FastRL then a GRPO baseline on the embedded default, with the live dashboard.
+## The main job: FastRL and GRPO trained interleaved (configs/demo.yaml, ~5 min on a quiet 2-core machine), live dashboard.
 demo: setup
 	$(BIN)/fastrl demo
 

@@ -74,18 +74,20 @@ def reason_counts(rollouts: pd.DataFrame) -> pd.DataFrame:
     return counts
 
 
-def budget_heatmap(matrix: pd.DataFrame, max_prompts: int = 60) -> pd.DataFrame:
-    """Rollouts sampled per prompt (rows) and step (columns) for the prompts sampled most often; NaN = not sampled.
-
-    Rows are ordered by the step at which each prompt was first sampled.
-    """
+def budget_heatmap(matrix: pd.DataFrame, max_prompts: int | None = None, value: str = "sampled") -> pd.DataFrame:
+    """`value` (rollouts sampled, or kept) per prompt (rows) and step (columns: every step of the run, not only the
+    first ones); NaN = prompt not drawn that step. Every prompt, or the `max_prompts` drawn most often. Rows are
+    ordered by the step at which each prompt was first drawn."""
     if matrix.empty:
         return pd.DataFrame()
     counts = matrix.groupby("prompt_id")["step"].agg(["size", "min"])
-    chosen = counts.sort_values(["size", "min"], ascending=[False, True]).head(max_prompts)
+    chosen = counts.sort_values(["size", "min"], ascending=[False, True])
+    if max_prompts is not None:
+        chosen = chosen.head(max_prompts)
     table = matrix[matrix["prompt_id"].isin(chosen.index)].pivot_table(
-        index="prompt_id", columns="step", values="sampled", aggfunc="sum")
-    return table.loc[chosen.sort_values("min").index]
+        index="prompt_id", columns="step", values=value, aggfunc="sum")
+    every_step = range(int(matrix["step"].min()), int(matrix["step"].max()) + 1)
+    return table.reindex(columns=list(every_step)).loc[chosen.sort_values("min", kind="stable").index]
 
 
 def pick_informative_group(groups: pd.DataFrame) -> str | None:
@@ -132,25 +134,235 @@ def selected_keys(points: list[dict]) -> list[tuple[int, str]]:
     return keys
 
 
-def pruning_saving(steps: pd.DataFrame) -> str:
-    """One sentence on what pruning saved in a run, from its steps rows (phase seconds and rollout counts): which
-    passes the pruned rollouts skipped (the update always; the reference / old log-prob passes only if the run spent
-    time in them) and, assuming those passes cost the same per rollout, the seconds the pruned ones would have added."""
+def budget_decision(sampled: int, n: int, n_min: int = 2) -> str:
+    """The budget's decision for one visit of a prompt from the rollouts it sampled: "skip" (0), "probe" (the
+    adaptive budget's n_min for a decided prompt), "full" (n, as plain GRPO), "trimmed" (anything else, e.g. a
+    mixed prompt under informative_target)."""
+    if sampled <= 0:
+        return "skip"
+    if sampled >= n:
+        return "full"
+    return "probe" if sampled == n_min else "trimmed"
+
+
+def visit_outcome(sampled: int, reward_mean: float, reward_std: float) -> str:
+    """A visit's outcome from its group's rewards: "not sampled", "mixed" (rewards differ: a gradient), or "all
+    equal (r = x)" (no gradient)."""
+    if sampled <= 0:
+        return "not sampled"
+    if reward_std > 0:
+        return "mixed"
+    return f"all equal (r = {reward_mean:.2f})"
+
+
+def prompt_timeline(groups: pd.DataFrame, prompt_id: str, n: int, n_min: int = 2) -> pd.DataFrame:
+    """Every visit of one prompt: step, sampled, kept, merged (NaN where not recorded), reward mean / std, outcome and
+    the budget's decision, in step order."""
+    visits = groups[groups["prompt_id"] == prompt_id].sort_values("step").copy()
+    if "merged" not in visits:
+        visits["merged"] = np.nan
+    visits["decision"] = [budget_decision(int(s), n, n_min) for s in visits["sampled"]]
+    visits["outcome"] = [visit_outcome(int(s), m, d) for s, m, d in
+                         zip(visits["sampled"], visits["reward_mean"], visits["reward_std"])]
+    return visits[["step", "sampled", "kept", "merged", "reward_mean", "reward_std", "outcome", "decision"]
+                  ].reset_index(drop=True)
+
+
+def multiplicity(rollouts: pd.DataFrame) -> pd.Series:
+    """How many sampled rollouts each row stands for, as the trainer merges them (`algo.duplicates`): within a
+    (step, prompt) group, the first of identical completions counts all of them, its copies 0. Read from the
+    completion text (the trainer compares token ids; two id sequences with one text are merged here, not there)."""
+    if rollouts.empty:
+        return pd.Series([], dtype="int64", index=rollouts.index)
+    keys = [rollouts[c] for c in ("step", "prompt_id", "completion") if c in rollouts]
+    size = rollouts.groupby(keys, sort=False)["completion"].transform("size")
+    first = ~rollouts.duplicated(subset=[k.name for k in keys], keep="first")
+    return size.where(first, 0).astype("int64")
+
+
+def split_sentence(totals: dict, passes: list[str]) -> str:
+    """What the run did with its nominal rollouts (`metrics.split_totals`), naming only the passes that ran."""
+    nominal = totals["nominal"]
+    if not nominal:
+        return "No step recorded the split of its rollouts yet."
+    share = lambda part: totals[part] / nominal  # noqa: E731
+    named = ", ".join(passes) if passes else "no pass after pruning (no update ran)"
+    return (f"Of {nominal:,} rollouts plain GRPO would have sampled ({totals['steps']} steps × prompts × n): "
+            f"**{totals['skipped']:,} ({share('skipped'):.0%}) skipped by the budget**, "
+            f"{totals['merged']:,} ({share('merged'):.0%}) merged as duplicates (every method merges), "
+            f"**{totals['pruned']:,} ({share('pruned'):.0%}) pruned by the method's rule**, "
+            f"{totals['kept']:,} ({share('kept'):.0%}) kept for the passes that ran: {named}.")
+
+
+def credit_sentence(method: str, baseline: str, credit: dict) -> str:
+    """The saving credited to the method over its GRPO run (`metrics.credited_saving`), in points of nominal."""
+    if not np.isfinite(credit["total"]):
+        return "No rollouts recorded yet to credit."
+    return (f"Against {baseline}, {method} sent **{credit['total']:.1%} fewer** of its nominal rollouts into the "
+            f"passes (points of nominal): the budget {credit['budget']:+.1%}, the pruning rule "
+            f"{credit['rule']:+.1%}; merging duplicates "
+            f"(both methods do it) accounts for {credit['merge']:+.1%}, credited to neither.")
+
+
+def pruning_saving(steps: pd.DataFrame, passes: list[str] | None = None) -> str:
+    """One sentence on the seconds pruning saved in a run, from its steps rows: the kept rows' seconds in the passes
+    after pruning (`passes`, named from the run's own phase times) and, at that cost per row, what the rows dropped
+    after sampling would have added. Where nothing was dropped after sampling, says so."""
     sampled, kept = int(steps["rollouts_sampled"].sum()), int(steps["rollouts_kept"].sum())
-    update = float(steps["time_update"].sum()) if "time_update" in steps else 0.0
-    logprob = float(steps["time_logprob"].sum()) if "time_logprob" in steps else 0.0
+    update = float(steps["time_update"].fillna(0).sum()) if "time_update" in steps else 0.0
+    logprob = float(steps["time_logprob"].fillna(0).sum()) if "time_logprob" in steps else 0.0
     if sampled == 0 or kept >= sampled:
-        return "No rollout was pruned in this run."
-    passes = "the update and the reference / old log-prob passes" if logprob > 0 else \
-        "the update (no reference or old log-prob pass ran in this run)"
-    text = f"The {sampled - kept:,} pruned rollouts of {sampled:,} skipped {passes}."
-    if kept:
+        return "No sampled rollout was left out of the passes in this run."
+    if passes is None:
+        passes = (["log-prob passes"] if logprob > 0 else []) + (["update"] if update > 0 else [])
+    named = " and the ".join(passes) if passes else "no pass (none ran)"
+    text = f"The {sampled - kept:,} rollouts of {sampled:,} sampled that were left out skipped the {named}."
+    if kept and update + logprob > 0:
         extra = (update + logprob) * (sampled - kept) / kept
-        text += (f" The {kept:,} kept ones cost {update + logprob:.0f} s there; at that cost per rollout the pruned ones "
+        text += (f" The {kept:,} kept ones cost {update + logprob:.0f} s there; at that cost per rollout the others "
                  f"would have added ~{extra:.0f} s.")
     rho = steps["row_cost"].dropna() if "row_cost" in steps else pd.Series(dtype=float)
+    rho = rho[rho > 0]
     if len(rho):
-        text += (f" Its keep count came from pass costs on {len(rho):,} of {len(steps):,} steps: a kept row cost "
-                 f"ρ = {rho.median():.4f} (median; {rho.min():.4f}–{rho.max():.4f}) of the step's other seconds, and "
-                 "a row was kept when its share of the step's |A| mass beat its share of the seconds.")
+        text += (f" Its keep count came from pass costs on {len(rho):,} of {len(steps):,} steps (a kept row cost "
+                 f"ρ = {rho.median():.3g} of the step's other seconds, median; {rho.min():.3g}–{rho.max():.3g}).")
     return text
+
+
+def paired_baseline(runs: pd.DataFrame, run_id: str) -> tuple[str | None, str]:
+    """(the plain-GRPO run to set beside `run_id`, "") when one exists: of the same objective and seed, newest
+    first, and trained interleaved with it (both named as bench runs, `bench-<method>-seed<seed>`: only `fastrl
+    bench` and `fastrl demo` write such runs, and both train their methods step by step in one process); else
+    (None, why not)."""
+    from fastrl_core import metrics
+
+    labels = metrics.run_labels(runs).set_index("run_id", drop=False)
+    names = runs.set_index("run_id")["name"]
+    mine = labels.loc[run_id]
+    if not metrics.BENCH_NAME.match(str(names[run_id])):
+        return None, (f"run {run_id} was not trained interleaved with a GRPO run (`fastrl train` names it "
+                      f"{names[run_id]!r}; `fastrl demo` and `fastrl bench` runs are named bench-<method>-seed<n>), "
+                      "so its seconds were taken under other load than any GRPO run's and no speed or accuracy "
+                      "comparison is given.")
+    base = labels[labels["is_baseline"] & (labels["objective"] == mine["objective"]) & (labels["seed"] == mine["seed"])
+                  & labels["run_id"].map(lambda r: bool(metrics.BENCH_NAME.match(str(names[r]))))]
+    if base.empty:
+        return None, (f"there is no plain-GRPO run of seed {mine['seed']} trained interleaved with {run_id} in this "
+                      "store (`fastrl demo` trains one beside FastRL; `fastrl bench` one per seed).")
+    started = runs.set_index("run_id")["started"]
+    return str(max(base["run_id"], key=lambda r: started[r])), ""
+
+
+def visible_window(evals_per_run: list[int], window: int) -> int:
+    """How many evaluations after the warm start a "final accuracy" averages: the bench's `window`, or fewer when
+    a run has fewer (0: none yet)."""
+    return max(0, min([window, *[max(0, n - 1) for n in evals_per_run]]))
+
+
+def pick_demo_group(groups: pd.DataFrame, recent: int = 20) -> tuple[int | None, str | None]:
+    """(step, prompt) of a group that shows the method's own rule at work, among the last `recent` steps: rewards
+    differ, something kept, and a distinct rollout pruned by the rule (sampled − kept − merged > 0); the newest such
+    step, then pick_informative_group. (None, None) without groups."""
+    if groups.empty:
+        return None, None
+    last = int(groups["step"].max())
+    pool = groups[groups["step"] >= last - recent]
+    merged = pool["merged"].fillna(0) if "merged" in pool else 0
+    ruled = pool[(pool["reward_std"] > 0) & (pool["kept"] > 0) & (pool["sampled"] - pool["kept"] - merged > 0)]
+    if ruled.empty:
+        ruled = pool[(pool["reward_std"] > 0) & (pool["kept"] > 0) & (pool["kept"] < pool["sampled"])]
+    pool = ruled if not ruled.empty else pool
+    step = int(pool["step"].max())
+    return step, pick_informative_group(pool[pool["step"] == step])
+
+
+def group_fate(rollouts: pd.DataFrame) -> dict:
+    """One group's rollouts: sampled, kept, merged (copies of an identical completion, `multiplicity` 0), pruned
+    by the rule (the rest), and the rule's reasons for those."""
+    copies = multiplicity(rollouts) == 0
+    kept = rollouts["kept"].astype(bool)
+    ruled = rollouts[~kept & ~copies]
+    return {"sampled": len(rollouts), "kept": int(kept.sum()), "merged": int(copies.sum()),
+            "pruned": int(len(ruled)), "reasons": ruled["reason"].map(reason_label).value_counts().to_dict()}
+
+
+def group_story(group: pd.DataFrame, other: pd.DataFrame, *, run_label: str, base_label: str) -> str:
+    """What happened to one prompt's group in the method's run, and to the same prompt at the same step in the
+    baseline's run (empty: not there), crediting the method only with what the baseline did not also do."""
+    mine = group_fate(group)
+    correct = int((group["accuracy_reward"].fillna(0) > 0).sum())
+    lines = [f"1. **Sample.** {run_label} answered this question **{mine['sampled']} times**; {correct} answers "
+             f"were correct, rewards from {group['reward'].min():.2f} to {group['reward'].max():.2f}.",
+             f"2. **Merge.** {mine['merged']} answer{'s were copies' if mine['merged'] != 1 else ' was a copy'} of "
+             "another answer to the same question: merged into it and counted as often as sampled (every method "
+             "merges)."]
+    if mine["pruned"]:
+        why = "; ".join(f"{count} × {reason}" for reason, count in mine["reasons"].items())
+        lines.append(f"3. **Prune.** {run_label}'s own rule dropped {mine['pruned']} distinct answer"
+                     f"{'s' if mine['pruned'] != 1 else ''} ({why}).")
+    else:
+        lines.append(f"3. **Prune.** {run_label}'s rule dropped no distinct answer here.")
+    lines.append(f"4. **Update.** {mine['kept']} rows entered the passes after pruning.")
+    if other.empty:
+        lines.append(f"\n{base_label} has no group of this prompt at this step to compare with.")
+    else:
+        theirs = group_fate(other)
+        lines.append(f"\nThe same question at the same step in {base_label}: {theirs['sampled']} sampled, "
+                     f"{theirs['merged']} merged, {theirs['kept']} kept. {run_label}'s own saving here: "
+                     f"**{theirs['kept'] - mine['kept']:+d} rows** ({mine['sampled'] - theirs['sampled']:+d} sampled "
+                     "by the budget; the answers differ between runs, so the merged counts differ too).")
+    return "\n".join(lines)
+
+
+def rollout_table(rollouts: pd.DataFrame) -> pd.DataFrame:
+    """A group's rollouts for display: status, stands for (multiplicity), reason, reward, advantage, completion,
+    highest advantage first; no None (missing values read "—")."""
+    view = pd.DataFrame({
+        "status": rollouts["kept"].map({True: "kept", False: "left out"}),
+        "stands for": multiplicity(rollouts),
+        "reason": [pruned_reason(k, r) or "—" for k, r in zip(rollouts["kept"], rollouts["reason"])],
+        "reward": rollouts["reward"].round(2), "advantage": rollouts["advantage"].round(3),
+        "completion": rollouts["completion"].fillna("—")})
+    return view.sort_values("advantage", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def text_column(values: pd.Series, spec: str) -> pd.Series:
+    """Numbers as text in `spec` (a trailing × or % kept as a suffix), missing ones as "—" (never "None")."""
+    suffix = spec[-1] if spec and not spec[-1].isalpha() and spec[-1] not in ".0123456789" else ""
+    core = spec[:-1] if suffix else spec
+    return values.map(lambda v: "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) or pd.isna(v)
+                      else f"{v:{core}}{suffix}")
+
+
+def display_frame(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> pd.DataFrame:
+    """A table for display: float columns as text (`formats`, else 3 significant digits), missing values "—"."""
+    formats = formats or {}
+    out = frame.copy()
+    for name in out.columns:
+        column = out[name]
+        if name in formats:
+            out[name] = text_column(column, formats[name])
+        elif pd.api.types.is_float_dtype(column):
+            out[name] = text_column(column, ".3g")
+        elif column.dtype == object:
+            out[name] = column.map(lambda v: "—" if v is None or (isinstance(v, float) and np.isnan(v)) else v)
+    return out
+
+
+def token_html(tokens: list[tuple[str, float]], advantage: float) -> str:
+    """A rollout's tokens as HTML spans, each coloured by its sampling log-prob (white: log-prob 0, the policy was
+    certain; deep red: -4 or below) with the value on hover, after a badge with the rollout's advantage (the same for
+    every token of a GRPO rollout: it scales each token's log-prob gradient)."""
+    import html
+
+    spans = []
+    for token, logprob in tokens:
+        strength = min(1.0, max(0.0, -logprob / 4.0))
+        colour = f"rgba(231,111,81,{0.08 + 0.85 * strength:.2f})"
+        shown = html.escape(token).replace(" ", "&nbsp;").replace("\n", "↵<br>")
+        spans.append(f"<span title='log-prob {logprob:.3f} (p = {np.exp(logprob):.2f})' style='background:{colour};"
+                     f"border-radius:3px;padding:1px 1px;margin:0 1px;font-family:monospace'>{shown or '∅'}</span>")
+    sign = "#2a9d8f" if advantage > 0 else "#e76f51" if advantage < 0 else "#999"
+    badge = (f"<span style='background:{sign};color:white;border-radius:4px;padding:2px 6px;margin-right:6px'>"
+             f"advantage {advantage:+.3f}</span>")
+    return f"<div style='line-height:2'>{badge}{''.join(spans)}</div>"

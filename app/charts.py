@@ -8,7 +8,9 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-KEPT_COLOURS = {"kept": "#2a9d8f", "pruned": "#e76f51"}
+from app.palette import DECISION_COLOURS, KEPT_COLOURS, SPLIT_COLOURS, method_colour
+from fastrl_core.metrics import SPLIT_LABELS, SPLIT_PARTS
+
 PHASE_COLOURS = px.colors.qualitative.Set2
 
 
@@ -20,9 +22,9 @@ def _style(fig: go.Figure, *, revision: str, height: int = 320, title: str | Non
 
 
 def metric_lines(frame: pd.DataFrame, *, x: str, y: str, colour: str = "run_id", x_title: str, y_title: str,
-                 revision: str, markers: bool = False) -> go.Figure:
-    """One line per run (or per `colour` value)."""
-    fig = px.line(frame, x=x, y=y, color=colour, markers=markers,
+                 revision: str, markers: bool = False, colours: dict[str, str] | None = None) -> go.Figure:
+    """One line per run (or per `colour` value), coloured by `colours` (e.g. each run by its method's colour)."""
+    fig = px.line(frame, x=x, y=y, color=colour, markers=markers, color_discrete_map=colours or {},
                   labels={x: x_title, y: y_title, colour: ""})
     return _style(fig, revision=revision)
 
@@ -53,14 +55,68 @@ def rollouts_per_prompt(matrix: pd.DataFrame, *, revision: str) -> go.Figure:
     return _style(fig, revision=revision)
 
 
-def budget_heatmap(table: pd.DataFrame, *, revision: str) -> go.Figure:
-    """Rollouts sampled per prompt (rows) and step (columns); blank = prompt not sampled that step."""
-    fig = go.Figure(go.Heatmap(z=table.to_numpy(dtype=float), x=table.columns.tolist(), y=table.index.tolist(),
-                               colorscale="Viridis", colorbar=dict(title="rollouts"), hoverongaps=False,
-                               hovertemplate="step %{x}<br>%{y}<br>%{z} rollouts<extra></extra>"))
+def budget_heatmap(table: pd.DataFrame, *, revision: str, questions: dict[str, str] | None = None,
+                   kept: pd.DataFrame | None = None) -> go.Figure:
+    """Rollouts sampled per prompt (rows, labelled) and step (columns, every step of the run); blank = prompt not
+    drawn that step. Hover: the prompt, its question, sampled and kept."""
+    questions = questions or {}
+    z = table.to_numpy(dtype=float)
+    kept_z = (kept.reindex(index=table.index, columns=table.columns).to_numpy(dtype=float) if kept is not None
+              else np.full_like(z, np.nan))
+    text = np.array([[questions.get(p, "")[:80]] * len(table.columns) for p in table.index], dtype=object)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=table.columns.tolist(), y=[str(p) for p in table.index], colorscale="Viridis",
+        colorbar=dict(title="sampled"), hoverongaps=False, customdata=np.dstack([kept_z, text]) if len(table) else None,
+        hovertemplate="step %{x} · %{y}<br>%{customdata[1]}<br>%{z} sampled, %{customdata[0]} kept<extra></extra>"))
+    fig.update_xaxes(title="step", range=[min(table.columns, default=0) - 0.5, max(table.columns, default=0) + 0.5])
+    fig.update_yaxes(title="", tickfont=dict(size=9), autorange="reversed", type="category")
+    return _style(fig, revision=revision, height=max(260, min(1400, 14 * len(table) + 100)))
+
+
+def prompt_timeline(visits: pd.DataFrame, *, revision: str) -> go.Figure:
+    """One prompt's visits (analysis.prompt_timeline): sampled and kept per visit as bars, coloured by the
+    budget's decision; hover gives the outcome."""
+    fig = go.Figure()
+    for decision, part in visits.groupby("decision", sort=False):
+        fig.add_bar(x=part["step"], y=part["sampled"].clip(lower=0.15), name=f"sampled · {decision}",
+                    marker_color=DECISION_COLOURS.get(decision, "#999"), customdata=part[["outcome", "kept"]],
+                    hovertemplate="step %{x}: " + decision + ", %{y:.0f} sampled, %{customdata[1]} kept<br>"
+                                  "%{customdata[0]}<extra></extra>")
+    fig.add_scatter(x=visits["step"], y=visits["kept"], mode="markers", name="kept",
+                    marker=dict(color=KEPT_COLOURS["kept"], size=11, symbol="diamond"))
+    fig.update_layout(barmode="overlay")
+    fig.update_xaxes(title="step (each visit of the prompt)", type="category")
+    fig.update_yaxes(title="rollouts", rangemode="tozero")
+    return _style(fig, revision=revision, height=280)
+
+
+def split_areas(split: pd.DataFrame, *, revision: str) -> go.Figure:
+    """Per step, the nominal rollouts (plain GRPO's prompts × n) stacked by what became of them
+    (metrics.rollout_split): skipped by the budget, merged as duplicates, pruned by the rule, kept."""
+    fig = go.Figure()
+    for part in reversed(SPLIT_PARTS):  # kept at the bottom
+        fig.add_bar(x=split["step"], y=split[part], name=SPLIT_LABELS[part], marker_color=SPLIT_COLOURS[part],
+                    hovertemplate="step %{x}: %{y} " + SPLIT_LABELS[part] + "<extra></extra>")
+    fig.update_layout(barmode="stack", bargap=0.05)
     fig.update_xaxes(title="step")
-    fig.update_yaxes(title="prompt", showticklabels=len(table) <= 30)
-    return _style(fig, revision=revision, height=max(260, min(600, 12 * len(table) + 80)))
+    fig.update_yaxes(title="rollouts (of prompts × n)", rangemode="tozero")
+    return _style(fig, revision=revision)
+
+
+def split_bars(totals: pd.DataFrame, *, revision: str, label: str = "run") -> go.Figure:
+    """One horizontal bar per run: shares of its nominal rollouts in each part of the split (columns `label`,
+    nominal and the SPLIT_PARTS counts)."""
+    fig = go.Figure()
+    for part in reversed(SPLIT_PARTS):
+        share = totals[part] / totals["nominal"].where(totals["nominal"] > 0)
+        fig.add_bar(y=totals[label], x=share, orientation="h", name=SPLIT_LABELS[part],
+                    marker_color=SPLIT_COLOURS[part], customdata=totals[part],
+                    text=[f"{v:.0%}" if v >= 0.04 else "" for v in share.fillna(0)], textposition="inside",
+                    hovertemplate="%{y}: %{customdata:,} " + SPLIT_LABELS[part] + " (%{x:.1%})<extra></extra>")
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title="share of the rollouts plain GRPO would sample", tickformat=".0%", range=[0, 1])
+    fig.update_yaxes(title="", type="category")
+    return _style(fig, revision=revision, height=110 + 45 * len(totals))
 
 
 def reason_areas(counts: pd.DataFrame, *, revision: str) -> go.Figure:
@@ -96,9 +152,8 @@ def _rgba(colour: str, alpha: float) -> str:
 def band_lines(bands: pd.DataFrame, *, x: str, x_title: str, y_title: str, revision: str) -> go.Figure:
     """One mean line per method with its shaded interval band (metrics.band rows with a `method` column)."""
     fig = go.Figure()
-    palette = px.colors.qualitative.D3
-    for i, (method, band) in enumerate(bands.groupby("method", sort=False)):
-        colour = palette[i % len(palette)]
+    for method, band in bands.groupby("method", sort=False):
+        colour = method_colour(str(method))
         seeds = int(band["n"].iloc[0])
         if band["low"].notna().any():
             fig.add_scatter(x=band[x], y=band["high"], mode="lines", line=dict(width=0), showlegend=False,

@@ -23,7 +23,7 @@ from fastrl_core import metrics, store
 from fastrl_core.store import PHASES
 
 __all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
-           "budget_matrix", "sketches", "image_bytes", "image_data_url", "sketch_map", "project", "comparison",
+           "budget_matrix", "questions", "tokens", "sketches", "image_bytes", "image_data_url", "sketch_map", "project", "comparison",
            "has_sampled"]
 
 
@@ -157,6 +157,35 @@ def _rollout_steps(store_key: str, run_id: str, columns: tuple[str, ...], versio
 def rollout_steps(run_id: str, columns: tuple[str, ...] = ("step", "kept", "reason")) -> pd.DataFrame:
     """A few columns of every rollout of the run (e.g. prune reasons over steps)."""
     return _rollout_steps(_key(), run_id, tuple(columns), latest_step(run_id))
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _tokens(store_key: str, run_id: str, step: int) -> dict[str, str]:
+    try:
+        frame = store.read_rollouts(store_key, run_id, step=step, columns=["rollout_id", "tokens"])
+    except Exception:  # noqa: BLE001 - a store written before tokens were recorded has no such column
+        return {}
+    return {r: t for r, t in zip(frame["rollout_id"], frame["tokens"]) if isinstance(t, str)}
+
+
+def tokens(run_id: str, step: int, rollout_id: str) -> list[tuple[str, float]] | None:
+    """The rollout's completion tokens with their sampling log-probs, or None where the store has none."""
+    import json
+
+    text = _tokens(_key(), run_id, int(step)).get(rollout_id)
+    return None if text is None else [(token, float(lp)) for token, lp in json.loads(text)]
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _questions(store_key: str, run_id: str, version: int | None) -> dict[str, str]:
+    frame = store.read_rollouts(store_key, run_id, columns=["prompt_id", "question"])
+    frame = frame.drop_duplicates("prompt_id")
+    return {str(p): str(q) if q is not None else "" for p, q in zip(frame["prompt_id"], frame["question"])}
+
+
+def questions(run_id: str) -> dict[str, str]:
+    """prompt_id -> question text of the run's prompts (empty when the run does not log rollouts)."""
+    return _questions(_key(), run_id, latest_step(run_id))
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

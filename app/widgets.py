@@ -47,9 +47,9 @@ def runs_or_wait() -> pd.DataFrame:
     return runs
 
 
-def run_with_steps(empty_message: str) -> tuple[pd.Series, pd.DataFrame]:
+def run_with_steps(empty_message: str, *, default: str | None = None) -> tuple[pd.Series, pd.DataFrame]:
     """Pick a run (captioned) and read its steps; before the run's first step, say `empty_message` and stop."""
-    run = pick_run(runs_or_wait())
+    run = pick_run(runs_or_wait(), default=default)
     run_caption(run)
     steps = data.steps([run["run_id"]])
     if steps.empty:
@@ -58,14 +58,19 @@ def run_with_steps(empty_message: str) -> tuple[pd.Series, pd.DataFrame]:
     return run, steps
 
 
-def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run") -> pd.Series:
-    """A sidebar run picker, defaulting to ?run= (deep links), then the last choice, then a live run, then the
-    newest; the choice is written back to the URL."""
+def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run", default: str | None = None
+             ) -> pd.Series:
+    """A sidebar run picker, defaulting to ?run= (deep links; a run that is not in the store is said so), then the
+    last choice, then `default`, then a live run, then the newest; the choice is written back to the URL."""
     ids = runs["run_id"].tolist()
-    wanted = st.query_params.get(param) or st.session_state.get(f"chosen_{param}")
+    linked = st.query_params.get(param)
+    wanted = linked or st.session_state.get(f"chosen_{param}")
     if wanted not in ids:
         live = runs[[status(r) == "running" for _, r in runs.iterrows()]]
-        wanted = live.iloc[0]["run_id"] if not live.empty else ids[0]
+        wanted = default if default in ids else live.iloc[0]["run_id"] if not live.empty else ids[0]
+        if linked:
+            st.warning(f"The link asks for run `{linked}`, which is not in this store (`{data.store_dir()}`); "
+                       f"showing `{wanted}` instead.")
     by_id = runs.set_index("run_id", drop=False)
     chosen = st.sidebar.selectbox(
         label, ids, index=ids.index(wanted), key=f"picker_{param}",
@@ -74,6 +79,22 @@ def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run") -> p
     if st.query_params.get(param) != chosen:
         st.query_params[param] = chosen
     return by_id.loc[chosen]
+
+
+def pick_step(step_ids: list[int], run_id: str, *, key: str) -> int:
+    """A sidebar step slider defaulting to ?step= (a step the run does not have is said so, and the latest shown)."""
+    asked = st.query_params.get("step")
+    default = step_ids[-1]
+    if asked is not None:
+        if asked.lstrip("-").isdigit() and int(asked) in step_ids:
+            default = int(asked)
+        else:
+            st.warning(f"The link asks for step `{asked}`, which run `{run_id}` does not have (its steps are "
+                       f"{step_ids[0]}–{step_ids[-1]}); showing step {default}.")
+    if len(step_ids) == 1:
+        st.sidebar.caption(f"Step {step_ids[0]} (the only one so far)")
+        return step_ids[0]
+    return st.sidebar.select_slider("Step", step_ids, value=default, key=key)
 
 
 def current(run_id: str) -> pd.Series:

@@ -1,4 +1,4 @@
-"""`fastrl` command line: train, eval, warmstart, data, store, app, demo, bench.
+"""`fastrl` command line: train, eval, warmstart, data, store, app, demo, report, bench.
 
 Heavy modules are imported inside each command so `fastrl --help` stays instant. A user error (a bad config key,
 value or name, a missing file, a bad dataset row) prints one line naming what is wrong and exits with code 2;
@@ -112,7 +112,16 @@ def _app(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from fastrl_core.demo import run_demo
 
-    return run_demo(store=Path(args.store), port=args.port, address=args.address, steps=args.steps)
+    return run_demo(store=Path(args.store), port=args.port, address=args.address, steps=args.steps,
+                    overrides=args.overrides)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from app.report import write_report
+
+    path = write_report(Path(args.store), Path(args.out), run_id=args.run)
+    print(f"wrote {path}")
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -164,14 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_store)
 
     for name, func, text in (("app", _app, "serve the dashboard"),
-                             ("demo", _demo, "train FastRL then GRPO on the embedded default with the live dashboard")):
+                             ("demo", _demo, "train FastRL and GRPO interleaved (configs/demo.yaml) with the live "
+                                             "dashboard")):
         p = commands.add_parser(name, help=text)
         p.add_argument("--store", default="runs")
         p.add_argument("--port", type=int, default=8501)
         p.add_argument("--address", default="127.0.0.1")
         if name == "demo":
             p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the demo config)")
+            p.add_argument("overrides", nargs="*", help="key=value overrides of configs/demo.yaml")
         p.set_defaults(func=func)
+
+    p = commands.add_parser("report", help="write the Demo page as one self-contained HTML file")
+    p.add_argument("--store", default="runs")
+    p.add_argument("--out", default="demo.html")
+    p.add_argument("--run", default=None, help="the FastRL run (default: the newest with pruner fastrl)")
+    p.set_defaults(func=_report)
 
     p = commands.add_parser("bench", help="side-by-side benchmark of GRPO, baselines and FastRL")
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -338,7 +338,11 @@ class Trainer:
                 accuracy_rewards=accuracy.tolist(), seconds=timer.seconds, cpu_seconds=timer.cpu_seconds,
                 metrics={"lr": self.optimizer.param_groups[0]["lr"], "epoch_end": epoch_end, "row_cost": row_cost,
                          **metrics},
-                wall_time=self.train_seconds), log_rollouts=config.log_rollouts)
+                wall_time=self.train_seconds, nominal_per_prompt=config.rollouts_per_prompt,
+                multiplicity=None if duplicates is None else duplicates.multiplicity,
+                token_ids=rollouts.completion_ids, token_mask=rollouts.completion_mask,
+                token_logprobs=rollouts.behaviour_logprobs,
+                decode_token=lambda token: self.policy.tokenizer.decode([token])), log_rollouts=config.log_rollouts)
             rows.write_to(self.writer)
         self._last_store = (store_timer.seconds["store"], store_timer.cpu_seconds["store"])
         self.train_seconds += store_timer.seconds["store"]

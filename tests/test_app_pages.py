@@ -308,8 +308,9 @@ def test_runs_page_compares_methods_across_seeds_by_hand(monkeypatch, designed):
     fastrl_mean = next(t for t in band["data"] if t.get("name") == "fastrl (2 seeds)")
     assert _values(fastrl_mean["y"])[0] == pytest.approx(0.30) and _values(fastrl_mean["x"])[-1] == pytest.approx(6.0)
     per_seed = frame(at, "compare_table").set_index("run")
-    assert per_seed.loc[run_ids["fastrl"], "target_speedup"] == pytest.approx(3.0)
-    assert per_seed.loc[run_ids["fastrl-1"], "target_speedup"] == pytest.approx(2.0)
+    assert per_seed.loc[run_ids["fastrl"], "target_speedup"] == "3.00×"  # shown as text: no "None" in a table
+    assert per_seed.loc[run_ids["fastrl-1"], "target_speedup"] == "2.00×"
+    assert not per_seed.isin(["None", None]).any().any()
     at.multiselect(key="methods").set_value(["fastrl"]).run()  # without its baseline: no speed-up to show
     assert frame(at, "methods_table").set_index("method").loc["fastrl", "step speed-up"] == "—"
 
@@ -364,7 +365,7 @@ def test_runs_page_on_real_runs(monkeypatch, trained):
     assert set(listed.index) == set(run_ids.values()) and set(listed["status"]) == {"finished"}
     for run_id in run_ids.values():
         assert listed.loc[run_id, "steps"] == runs.loc[run_id, "steps"] == REAL_STEPS
-        assert listed.loc[run_id, "best eval accuracy"] == pytest.approx(runs.loc[run_id, "best_accuracy"])
+        assert listed.loc[run_id, "best eval accuracy"] == f"{runs.loc[run_id, 'best_accuracy']:.3f}"
     results = json.loads((store_dir / "report" / "results.json").read_text())
     summary = {row["method"]: row for row in results["summary"]}  # what the bench wrote, by the same module
     table = frame(at, "methods_table").set_index("method")
@@ -394,10 +395,19 @@ def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
     shown = metrics(at)
     assert shown["Latest step"] == str(REAL_STEPS - 1)
     assert shown["Kept this step"] == f"{last['rollouts_kept']} / {last['rollouts_sampled']}"
-    sampled_vs_kept = next(s for s in plotly_specs(at) if any(t.get("name") == "sampled" for t in s["data"]))
-    kept_trace = next(t for t in sampled_vs_kept["data"] if t["name"].startswith("kept"))
-    assert _values(kept_trace["y"]) == steps["rollouts_kept"].tolist()
-    assert sampled_vs_kept["layout"]["uirevision"] == run_ids["fastrl"]  # zoom survives live redraws
+    split = next(s for s in plotly_specs(at) if s["layout"].get("barmode") == "stack")
+    by_name = {t["name"]: _values(t["y"]) for t in split["data"]}
+    assert by_name["kept (enter the passes)"] == steps["rollouts_kept"].tolist()
+    assert by_name["skipped by the budget"] == steps["rollouts_skipped"].tolist()
+    assert by_name["merged as duplicates (every method)"] == steps["rollouts_merged"].tolist()
+    assert by_name["pruned by the method's rule"] == steps["rollouts_pruned"].tolist()
+    assert split["layout"]["uirevision"] == run_ids["fastrl"]  # zoom survives live redraws
+    totals = core_metrics.split_totals(core_metrics.rollout_split(steps))
+    assert f"**{totals['skipped']:,} ({totals['skipped'] / totals['nominal']:.0%}) skipped by the budget**" in texts(at)
+    heatmap = next(s for s in plotly_specs(at) if s["data"][0].get("type") == "heatmap")
+    assert list(heatmap["data"][0]["x"]) == list(range(REAL_STEPS))  # the whole run, every step
+    assert len(heatmap["data"][0]["y"]) == store.read_groups(store_dir, run_ids["fastrl"])["prompt_id"].nunique()
+    assert "timeline_prompt" in [w.key for w in at.selectbox]
     rollouts = store.read_rollouts(store_dir, run_ids["fastrl"])
     pruned = {analysis.reason_label(r) for r in rollouts.loc[~rollouts["kept"], "reason"]}
     reasons = next(s for s in plotly_specs(at) if s["layout"].get("barmode") == "relative")
@@ -436,10 +446,11 @@ def test_rollouts_deep_link_shows_that_group_and_filters_apply(monkeypatch, trai
     assert len(table) == len(group)
     assert table["advantage"].tolist() == sorted(group["advantage"], reverse=True)
     n_kept = int(group["kept"].sum())
-    assert f"{len(group)} rollouts sampled, **{n_kept} kept**" in texts(at)
+    assert f"{len(group)} rollouts sampled: **{n_kept} kept**" in texts(at)
+    assert table["multiplicity"].sum() == len(group)  # every sampled rollout counted once, copies at 0
     at.radio(key="rollouts_kept").set_value("no").run()
     assert len(at.dataframe[0].value) == len(group) - n_kept
-    assert set(at.dataframe[0].value["status"]) <= {"pruned"}
+    assert set(at.dataframe[0].value["status"]) <= {"left out"}
     assert at.query_params["prompt"] == prompt and at.query_params["step"] == "4"
     at.radio(key="rollouts_kept").set_value("all").run()
     reason = group["reason"].iloc[0]
@@ -476,8 +487,9 @@ def test_demo_page_tells_the_story_on_real_runs(monkeypatch, trained):
     at = open_page(monkeypatch, store_dir, "demo")
     assert at.selectbox(key="picker_run").value in {run_ids["fastrl"], run_ids["fastrl-1"]}
     story = texts(at)
-    assert "What pruning does to one group" in story and "Speed and accuracy against GRPO" in story
-    assert "1. **Sample.**" in story and "**Update.** FastRL kept" in story
+    assert "One group, in both runs" in story and "Speed and accuracy against GRPO" in story
+    assert "1. **Sample.**" in story and "4. **Update.**" in story and "The same question at the same step" in story
+    assert "credited to neither" in story and "interleaved step by step in one process" in story
     assert at.get("image"), "the group's prompt image is shown"
     per_run = core_metrics.compare_runs(
         core_metrics.run_labels(store.read_runs(store_dir)), store.read_steps(store_dir, list(run_ids.values())),
@@ -506,9 +518,9 @@ def test_demo_page_shows_the_hand_computed_speedup(monkeypatch, designed):
 def test_demo_page_without_a_baseline_says_so(monkeypatch, tmp_path):
     write_run(tmp_path, "fastrl", steps=2, finish=False)
     at = open_page(monkeypatch, tmp_path, "demo")
-    assert "no plain-GRPO run" in texts(at)
+    assert "No figure here" in texts(at) and "no plain-GRPO run of seed 0 trained interleaved" in texts(at)
     runs = open_page(monkeypatch, tmp_path, None)  # a live run without evaluations or baseline: no error
-    assert "no evaluations yet" in texts(runs)
+    assert "No chart yet" in texts(runs)
     assert frame(runs, "methods_table").loc[0, "step speed-up"] == "—"
 
 
@@ -518,11 +530,95 @@ def test_pruning_saving_names_only_the_passes_the_run_had():
     steps = pd.DataFrame({"rollouts_sampled": [100, 100], "rollouts_kept": [50, 30], "time_update": [3.0, 1.0],
                           "time_logprob": [0.0, 0.0]})
     text = pruning_saving(steps)
-    assert "no reference or old log-prob pass ran" in text and "120 pruned rollouts of 200" in text
+    assert "skipped the update." in text and "log-prob" not in text and "120 rollouts of 200" in text
     assert "~6 s" in text  # (3 + 1) s on 80 kept -> 120 more at the same cost per rollout
     with_kl = steps.assign(time_logprob=[1.0, 1.0])
-    assert "the update and the reference / old log-prob passes" in pruning_saving(with_kl)
-    assert pruning_saving(steps.assign(rollouts_kept=[100, 100])) == "No rollout was pruned in this run."
+    assert "skipped the reference log-prob pass and the update" in pruning_saving(
+        with_kl, core_metrics.passes_after_pruning(with_kl, {"objective_args": {"beta": 0.01}}))
+    assert pruning_saving(steps.assign(rollouts_kept=[100, 100])) == \
+        "No sampled rollout was left out of the passes in this run."
     assert "pass costs" not in text and "pass costs" not in pruning_saving(steps.assign(row_cost=[None, None]))
+    assert "pass costs" not in pruning_saving(steps.assign(row_cost=[0.0, 0.0]))  # the issue's "ρ = 0.0000"
     costed = pruning_saving(steps.assign(row_cost=[None, 0.0125]))
-    assert "from pass costs on 1 of 2 steps: a kept row cost ρ = 0.0125 (median; 0.0125–0.0125)" in costed
+    assert "from pass costs on 1 of 2 steps (a kept row cost ρ = 0.0125 of the step's other seconds, median; " \
+           "0.0125–0.0125)" in costed
+
+
+def test_budget_decisions_timeline_and_multiplicity_by_hand():
+    assert [analysis.budget_decision(s, 8) for s in (0, 2, 5, 8)] == ["skip", "probe", "trimmed", "full"]
+    groups = pd.DataFrame({"step": [3, 0, 1, 0], "prompt_id": ["a", "a", "a", "b"], "sampled": [0, 8, 2, 8],
+                           "kept": [0, 3, 0, 8], "merged": [0, 4, 1, 0], "reward_mean": [0.0, 0.5, 1.0, 0.2],
+                           "reward_std": [0.0, 0.4, 0.0, 0.1]})
+    line = analysis.prompt_timeline(groups, "a", n=8)
+    assert line["step"].tolist() == [0, 1, 3] and line["decision"].tolist() == ["full", "probe", "skip"]
+    assert line["outcome"].tolist() == ["mixed", "all equal (r = 1.00)", "not sampled"]
+    rollouts = pd.DataFrame({"step": [0, 0, 0, 0, 1], "prompt_id": ["a", "a", "a", "b", "a"],
+                             "completion": ["x", "y", "x", "x", "x"]})
+    assert analysis.multiplicity(rollouts).tolist() == [2, 1, 0, 1, 1]  # copies per (step, prompt) only
+
+
+def test_demo_page_on_a_run_trained_alone_gives_no_figure_and_says_why(monkeypatch, tmp_path):
+    writer = store.RunWriter(tmp_path, name="fastrl", config={"steps": 2, "seed": 0}, model="embedded",
+                             dataset="synthetic", objective="grpo", pruner="fastrl", budget="adaptive")
+    pngs: dict = {}
+    for step in range(2):
+        writer.write_step(step, **step_kwargs(step, "fastrl", pngs))
+    writer.finish()
+    write_run(tmp_path, "grpo", steps=2)  # a GRPO run exists, but the FastRL run was not trained beside it
+    at = open_page(monkeypatch, tmp_path, "demo", run=writer.run_id)
+    assert "No figure here" in texts(at) and "was not trained interleaved with a GRPO run" in texts(at)
+    assert "Speed-up per step" not in metrics(at)
+
+
+def test_report_writes_the_demo_as_one_offline_file(tmp_path, trained):
+    from app.report import render, write_report
+
+    store_dir, run_ids = trained
+    out = write_report(store_dir, tmp_path / "sub" / "demo.html", run_id=run_ids["fastrl"])
+    text = out.read_text()
+    assert text.count("<script") >= 3 and text.count("Plotly.newPlot") >= 3
+    assert 'src="https://cdn' not in text and "src='https://" not in text  # plotly.js inline, nothing fetched
+    assert "data:image/png;base64," in text and "Caveats" in text and "credited to neither" in text
+    with pytest.raises(FileNotFoundError, match="no run 'nosuchrun'"):
+        render(store_dir, "nosuchrun")
+    from fastrl_core.cli import main
+
+    assert main(["report", "--store", str(tmp_path / "empty"), "--out", str(tmp_path / "x.html")]) == 2
+
+
+def test_token_html_shades_each_token_by_its_log_prob():
+    html = analysis.token_html([("\\boxed{", 0.0), ("3", -4.0), ("<b>", -1.0)], 0.5)
+    assert html.count("<span title='log-prob") == 3
+    assert "rgba(231,111,81,0.08)" in html and "rgba(231,111,81,0.93)" in html  # certain vs unlikely
+    assert "&lt;b&gt;" in html and "advantage +0.500" in html  # token text escaped
+
+
+def test_missing_deep_links_say_what_is_missing(monkeypatch, trained):
+    store_dir, run_ids = trained
+    at = open_page(monkeypatch, store_dir, "rollouts", run="nosuchrun", step="999", prompt="nosuchprompt")
+    warnings = " ".join(w.value for w in at.warning)
+    assert "run `nosuchrun`, which is not in this store" in warnings
+    assert "step `999`" in warnings and f"0–{REAL_STEPS - 1}" in warnings
+    assert "prompt `nosuchprompt`" in warnings
+
+
+def test_plain_grpo_is_credited_with_nothing_and_has_no_sketch_map(monkeypatch, trained):
+    store_dir, run_ids = trained
+    grpo = next(r for name, r in run_ids.items() if name.startswith("grpo"))
+    at = open_page(monkeypatch, store_dir, "budget", run=grpo)
+    assert "This is plain GRPO: it prunes nothing" in texts(at) and "0 (0%) skipped by the budget" in texts(at)
+    at = open_page(monkeypatch, store_dir, "embeddings", run=grpo)
+    assert "is plain GRPO (pruner `none`)" in texts(at) and "without rollout logging" not in texts(at)
+    at = open_page(monkeypatch, store_dir, "embeddings")  # opens on a run that has sketches
+    assert at.selectbox(key="picker_run").value in {run_ids["fastrl"], run_ids["fastrl-1"]}
+
+
+def test_rollouts_page_shows_one_rollout_token_by_token(monkeypatch, trained):
+    store_dir, run_ids = trained
+    at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="1")
+    assert "Token by token" in texts(at)
+    html = at.get("html")[0].proto.body
+    tokens = json.loads(store.read_rollouts(store_dir, run_ids["fastrl"], step=1, columns=["rollout_id", "tokens"])
+                        .set_index("rollout_id").loc[at.selectbox(key="full_group").value, "tokens"])
+    assert html.count("<span title='log-prob") == len(tokens) > 0
+    assert any("The same prompt in" in s.value for s in at.subheader)  # the paired GRPO run, side by side

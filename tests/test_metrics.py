@@ -242,3 +242,47 @@ def test_phase_costs_r2_of_a_noisy_line():
     y = 1 + 2 * x + noise
     assert row["fixed"] == pytest.approx(1.0) and row["per_rollout"] == pytest.approx(2.0)
     assert row["r2"] == pytest.approx(1 - noise.var() / y.var())
+
+
+def _split_steps(rows):
+    """Steps rows from (step, nominal, skipped, merged, pruned, kept) tuples."""
+    names = ["step", "rollouts_nominal", "rollouts_skipped", "rollouts_merged", "rollouts_pruned", "rollouts_kept"]
+    return pd.DataFrame(rows, columns=names)
+
+
+def test_rollout_split_and_totals_by_hand():
+    steps = _split_steps([(0, 16, 0, 3, 5, 8), (1, 16, 6, 2, 1, 7)])
+    split = metrics.rollout_split(steps)
+    assert split[["nominal", "skipped", "merged", "pruned", "kept"]].values.tolist() == [[16, 0, 3, 5, 8],
+                                                                                          [16, 6, 2, 1, 7]]
+    assert metrics.split_totals(split) == {"steps": 2, "nominal": 32, "skipped": 6, "merged": 5, "pruned": 6,
+                                           "kept": 15}
+    assert metrics.has_split(steps) and not metrics.has_split(steps.drop(columns="rollouts_merged"))
+    with pytest.raises(ValueError, match="step 1: nominal 16 != skipped"):
+        metrics.rollout_split(_split_steps([(0, 16, 0, 3, 5, 8), (1, 16, 6, 2, 1, 6)]))
+    with pytest.raises(ValueError, match="no 'rollouts_merged'"):
+        metrics.rollout_split(steps.drop(columns="rollouts_merged"))
+
+
+def test_credited_saving_gives_the_method_only_what_grpo_did_not_also_do():
+    # GRPO: 100 nominal, merged 40, kept 60. FastRL: 200 nominal (a longer run), skipped 40, merged 70, pruned 30,
+    # kept 60. Shares: budget 0.2 - 0 = 0.2; rule 0.15 - 0; merge 0.35 - 0.4 = -0.05 (it merged less);
+    # total 0.6 - 0.3 = 0.3 = 0.2 + 0.15 - 0.05
+    grpo = {"nominal": 100, "skipped": 0, "merged": 40, "pruned": 0, "kept": 60}
+    fastrl = {"nominal": 200, "skipped": 40, "merged": 70, "pruned": 30, "kept": 60}
+    credit = metrics.credited_saving(fastrl, grpo)
+    assert credit == pytest.approx({"budget": 0.2, "rule": 0.15, "merge": -0.05, "total": 0.3})
+    # the issue's case: both merged the same duplicates, nothing else differs -> no credit at all
+    same = {"nominal": 8, "skipped": 0, "merged": 4, "pruned": 0, "kept": 4}
+    assert metrics.credited_saving(same, same) == {"budget": 0.0, "rule": 0.0, "merge": 0.0, "total": 0.0}
+    assert math.isnan(metrics.credited_saving({**same, "nominal": 0}, same)["budget"])
+
+
+def test_passes_after_pruning_names_only_the_passes_that_ran():
+    ran = pd.DataFrame({"time_logprob": [0.5, 0.25], "time_update": [1.0, 1.0]})
+    assert metrics.passes_after_pruning(ran, {"objective_args": {"beta": 0.01}, "recompute_old_logprobs": False}) \
+        == ["reference log-prob pass", "update"]
+    assert metrics.passes_after_pruning(ran, {"objective_args": {}, "recompute_old_logprobs": True}) \
+        == ["old log-prob pass", "update"]
+    none = pd.DataFrame({"time_logprob": [0.0, None], "time_update": [1.0, 1.0]})
+    assert metrics.passes_after_pruning(none, {"objective_args": {"beta": 0.01}}) == ["update"]

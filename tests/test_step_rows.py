@@ -1,6 +1,7 @@
 """The one builder of a step's store rows: group statistics by hand, rows that validate against the store schema
 and are written and read back by the store, and clear errors for mis-sized inputs."""
 
+import json
 import math
 
 import numpy as np
@@ -69,8 +70,8 @@ def test_rows_by_hand():
     assert (row["loss"], row["epoch_end"]) == (0.1, False)
     assert rows.groups == [
         {"prompt_id": "p0", "reward_mean": pytest.approx(2 / 3), "reward_std": pytest.approx(math.sqrt(7 / 18)),
-         "sampled": 3, "kept": 2},
-        {"prompt_id": "p1", "reward_mean": 1.0, "reward_std": 0.0, "sampled": 2, "kept": 0},
+         "sampled": 3, "kept": 2, "merged": 0},
+        {"prompt_id": "p1", "reward_mean": 1.0, "reward_std": 0.0, "sampled": 2, "kept": 0, "merged": 0},
     ]
     first, pruned = rows.rollouts[0], rows.rollouts[1]
     assert first["rollout_id"] == "7-0" and first["prompt_id"] == "p0" and first["question"] == "How many dots?"
@@ -115,3 +116,50 @@ def test_trl_style_rows_without_format_or_accuracy_rewards_validate():
 def test_missized_inputs_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         step_rows(_result(**{field: value}))
+
+
+def test_split_of_the_step_by_hand():
+    # n = 4 per prompt, 2 prompts -> nominal 8; 5 sampled -> 3 skipped by the budget. p0's rollouts 0 and 1 are
+    # one class (multiplicity 2 at 0, 0 at the copy 1), p1's 3 and 4 another (its representative 3 pruned, so the
+    # copy 4 is merged, not pruned by the rule). Kept 0 and 2 -> pruned by the rule: 5 - 2 kept - 2 merged = 1 (row 3)
+    rows = step_rows(_result(multiplicity=torch.tensor([2, 0, 1, 2, 0]), nominal_per_prompt=4))
+    row = rows.step_row
+    assert (row["rollouts_nominal"], row["rollouts_skipped"], row["rollouts_merged"], row["rollouts_pruned"],
+            row["rollouts_kept"]) == (8, 3, 2, 1, 2)
+    assert [g["merged"] for g in rows.groups] == [1, 1]
+    assert "rollouts_nominal" not in step_rows(_result()).step_row  # no nominal n given: no split recorded
+    with pytest.raises(ValueError, match="merged copy"):
+        step_rows(_result(multiplicity=torch.tensor([2, 0, 1, 1, 1]), keep_mask=torch.tensor([1, 1, 0, 0, 0]).bool(),
+                          nominal_per_prompt=4))
+    with pytest.raises(ValueError, match="multiplicity has 2 entries"):
+        step_rows(_result(multiplicity=[1, 1]))
+
+
+def test_split_is_written_and_read_back(tmp_path):
+    writer = RunWriter(tmp_path, name="split", config={}, model="m", dataset="d", objective="grpo", pruner="fastrl",
+                       budget="adaptive")
+    step_rows(_result(multiplicity=torch.tensor([2, 0, 1, 2, 0]), nominal_per_prompt=4)).write_to(writer)
+    steps = read_steps(tmp_path, [writer.run_id])
+    assert steps[["rollouts_nominal", "rollouts_skipped", "rollouts_merged", "rollouts_pruned"]].iloc[0].tolist() == \
+        [8, 3, 2, 1]
+    assert read_groups(tmp_path, writer.run_id)["merged"].tolist() == [1, 1]
+
+
+def test_tokens_with_their_log_probs_are_stored_for_kept_and_pruned_rollouts(tmp_path):
+    ids = torch.tensor([[5, 6, 0], [7, 0, 0], [5, 5, 6], [6, 0, 0], [7, 7, 0]])
+    mask = ids > 0
+    logprobs = torch.tensor([[-0.1234, -2.0, 0.0], [-0.5, 0.0, 0.0], [-1.0, -1.0, -3.0], [-0.25, 0, 0],
+                             [-4.0, -4.0, 0.0]])
+    decoded = []
+    rows = step_rows(_result(token_ids=ids, token_mask=mask, token_logprobs=logprobs,
+                             decode_token=lambda t: decoded.append(t) or {5: "a", 6: " b", 7: "\\boxed{"}[t]))
+    assert json.loads(rows.rollouts[0]["tokens"]) == [["a", -0.123], [" b", -2.0]]
+    assert json.loads(rows.rollouts[1]["tokens"]) == [["\\boxed{", -0.5]]  # a pruned rollout has its tokens too
+    assert sorted(decoded) == [5, 6, 7]  # each token id decoded once per step
+    writer = RunWriter(tmp_path, name="tokens", config={}, model="m", dataset="d", objective="grpo", pruner="fastrl",
+                       budget="adaptive")
+    rows.write_to(writer)
+    read = read_rollouts(tmp_path, writer.run_id, columns=["rollout_id", "tokens"])
+    assert json.loads(read["tokens"].iloc[2]) == [["a", -1.0], ["a", -1.0], [" b", -3.0]]
+    assert "tokens" not in read_rollouts(tmp_path, writer.run_id).columns  # not read unless asked for
+    assert "tokens" not in step_rows(_result()).rollouts[0]  # no tokens given: none recorded

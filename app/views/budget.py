@@ -1,14 +1,23 @@
-"""Budget: where the rollouts went, step by step — live while the run trains."""
+"""Budget: where the rollouts went, step by step — live while the run trains. The split of plain GRPO's prompts × n
+(skipped by the budget, merged as duplicates, pruned by the method's rule, kept), the budget's per-prompt decisions
+on a timeline, and a heatmap of the whole run."""
 
+import json
+
+import pandas as pd
 import streamlit as st
 
 from app import analysis, charts, data, widgets
+from fastrl_core import metrics
 
 st.title("Rollout budget")
 runs = widgets.runs_or_wait()
 run = widgets.pick_run(runs)
 run_id = run["run_id"]
 live = widgets.is_live(run)
+config = json.loads(run["config"]) if isinstance(run.get("config"), str) else {}
+n = int(config.get("rollouts_per_prompt", 8))
+n_min = int((config.get("budget_args") or {}).get("n_min", 2))
 
 
 def budget() -> None:
@@ -19,46 +28,75 @@ def budget() -> None:
         return
     matrix = data.budget_matrix(run_id)
     last = steps.iloc[-1]
-    groups_per_step = matrix.groupby("step").size().reindex(steps["step"]).fillna(0)
-    kept_share = steps["rollouts_kept"].sum() / max(int(steps["rollouts_sampled"].sum()), 1)
     cols = st.columns(4)
     cols[0].metric("Latest step", int(last["step"]), help="The newest step written to the store.")
     cols[1].metric("Kept this step", f"{int(last['rollouts_kept'])} / {int(last['rollouts_sampled'])}",
-                   help="Rollouts that enter the log-prob passes and the update, out of those sampled.")
-    cols[2].metric("Kept over the run", f"{kept_share:.0%}")
-    cols[3].metric("Rollouts per prompt", f"{last['rollouts_per_prompt']:.1f}",
+                   help="Rollouts that enter the passes after pruning, out of those sampled.")
+    cols[2].metric("Rollouts per prompt", f"{last['rollouts_per_prompt']:.1f}",
                    delta=f"{last['rollouts_per_prompt'] - steps.iloc[0]['rollouts_per_prompt']:+.1f} since step "
-                         f"{int(steps.iloc[0]['step'])}", delta_color="off")
+                         f"{int(steps.iloc[0]['step'])}", delta_color="off",
+                   help=f"Mean over the step's prompts; plain GRPO samples {n} for every prompt.")
+    decisions = matrix.assign(decision=[analysis.budget_decision(int(s), n, n_min) for s in matrix["sampled"]])
+    latest = decisions[decisions["step"] == decisions["step"].max()]["decision"].value_counts()
+    cols[3].metric("Full / probe / trimmed / skip", " / ".join(str(latest.get(d, 0)) for d in
+                                                             ("full", "probe", "trimmed", "skip")),
+                   help=f"The budget's decisions for the latest step's prompts. full: {n} rollouts as plain GRPO; "
+                        f"probe: {n_min} for a prompt decided on its last visit; trimmed: fewer for a mixed prompt; "
+                        "skip: none this step.")
+
+    st.subheader("Where plain GRPO's rollouts went")
+    if metrics.has_split(steps):
+        split = metrics.rollout_split(steps)
+        totals = metrics.split_totals(split)
+        passes = metrics.passes_after_pruning(steps, config)
+        st.plotly_chart(charts.split_areas(split, revision=run_id), key="split")
+        st.markdown(analysis.split_sentence(totals, passes))
+        if run["pruner"] == "none" and run["budget"] == "fixed":
+            st.caption("This is plain GRPO: it prunes nothing and its budget is fixed, so all it leaves out are "
+                       "merged duplicates (which FastRL merges too).")
+        else:
+            st.caption(analysis.pruning_saving(steps, passes))
+    else:
+        st.info("This run's steps do not record the split (a store written before it was added): only sampled "
+                "and kept are known.")
+        st.plotly_chart(charts.sampled_vs_kept(steps, revision=run_id), key="sampled_vs_kept")
 
     left, right = st.columns(2)
     with left:
-        st.subheader("Sampled vs kept")
-        st.plotly_chart(charts.sampled_vs_kept(steps, revision=run_id), key="sampled_vs_kept")
-        st.caption("The shaded gap is what pruning saved. " + analysis.pruning_saving(steps))
-    with right:
         st.subheader("Rollouts per prompt")
         st.plotly_chart(charts.rollouts_per_prompt(matrix, revision=run_id), key="per_prompt")
-        st.caption("The budget controller's choice of group size; the band spans the step's prompts.")
-
-    left, right = st.columns(2)
-    with left:
-        st.subheader("Why rollouts were pruned")
+        st.caption("The budget controller's choice of group size; the band spans the step's prompts. A fixed "
+                   f"budget stays at {n}.")
+    with right:
+        st.subheader("Why rollouts were left out")
         counts = analysis.reason_counts(data.rollout_steps(run_id))
         if counts.empty:
-            st.info("No rollout was pruned yet (or the run does not log rollouts).")
+            st.info("No sampled rollout was left out yet (or the run does not log rollouts).")
         else:
             st.plotly_chart(charts.reason_areas(counts, revision=run_id), key="reasons")
-    with right:
-        st.subheader("Zero-variance groups")
-        st.plotly_chart(charts.zero_variance(steps, groups_per_step, revision=run_id), key="zero_variance")
-        st.caption("Groups whose rollouts all got the same reward: every advantage is 0, so they carry no "
-                   "gradient. This share grows as the policy gets good at a prompt.")
 
-    st.subheader("Per-prompt budget")
+    st.subheader("One prompt's visits")
+    visits = matrix.groupby("prompt_id")["step"].size().sort_values(ascending=False)
+    questions = data.questions(run_id)
+    prompt = st.selectbox("Prompt", visits.index.tolist(), key="timeline_prompt",
+                          format_func=lambda p: f"{p} · {visits[p]} visits · {questions.get(p, '')[:60]}")
+    line = analysis.prompt_timeline(data.groups(run_id), prompt, n, n_min)
+    st.plotly_chart(charts.prompt_timeline(line, revision=f"{run_id}/{prompt}"), key="timeline")
+    st.dataframe(line.assign(merged=line["merged"].map(lambda v: "—" if pd.isna(v) else f"{int(v)}")),
+                 hide_index=True, key="timeline_table", column_config={
+                     "reward_mean": st.column_config.NumberColumn("reward mean", format="%.2f"),
+                     "reward_std": st.column_config.NumberColumn("reward std", format="%.2f")})
+    st.caption("Each visit: rollouts sampled (the bar, coloured by the budget's decision) and kept (◆), and the "
+               "outcome the budget reads next time: a mixed group teaches something, an all-equal one does not.")
+
+    st.subheader("Per-prompt budget, the whole run")
     table = analysis.budget_heatmap(matrix)
-    st.plotly_chart(charts.budget_heatmap(table, revision=run_id), key="heatmap")
-    st.caption(f"Rollouts sampled for the {len(table)} prompts drawn most often, by step (blank: not drawn). "
-               "A prompt's budget changes between its visits as the controller learns how informative it is.")
+    kept = analysis.budget_heatmap(matrix, value="kept")
+    st.plotly_chart(charts.budget_heatmap(table, kept=kept, questions=questions, revision=run_id), key="heatmap")
+    st.caption(f"Rollouts sampled for each of the run's {len(table)} prompts at every step "
+               f"{int(matrix['step'].min())}–{int(matrix['step'].max())} (blank: not drawn; hover for the question "
+               "and how many were kept). A prompt's budget changes between visits as the controller learns how "
+               "informative it is.")
     widgets.rerun_when_finished(run_id, live)
 
 

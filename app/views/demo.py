@@ -1,25 +1,28 @@
-"""Demo: FastRL's story on the run in front of you — what pruning does to one real group, step by step, where the
-rollout budget went, and the measured speed-up and accuracy against plain GRPO: over every seed of the method in
-the store (a `fastrl bench` store) with 95 % intervals, from `fastrl_core.metrics`. Works live and after the fact."""
+"""Demo: FastRL beside plain GRPO on the runs in front of you — what happens to one real group in both runs, where
+each run's rollouts went (skipped by the budget, merged as duplicates, pruned by the rule, kept) with only what GRPO
+did not also do credited to FastRL, the budget moving, and the measured speed and accuracy. Those figures come only
+from runs trained interleaved (`fastrl demo`, `fastrl bench`), over every seed there is, with 95 % intervals from
+`fastrl_core.metrics`; where there are none the page says why. Works live and after the fact; the button at the end
+writes the page as one HTML file (app.report)."""
 
 import pandas as pd
 import streamlit as st
 
-from app import analysis, charts, data, widgets
+from app import analysis, charts, data, palette, report, widgets
 from fastrl_core import metrics
 
-st.title("FastRL in three steps")
+st.title("FastRL beside GRPO")
 runs = widgets.runs_or_wait()
 fastrl_runs, pruned_runs = runs[runs["pruner"] == "fastrl"], runs[runs["pruner"] != "none"]
 run = widgets.pick_run(next(r for r in (fastrl_runs, pruned_runs, runs) if not r.empty), label="FastRL run")
 run_id = run["run_id"]
 st.markdown(
     "GRPO learns by sampling several answers to each question and comparing them: answers better than their "
-    "group's average are reinforced, worse ones discouraged. When a group's answers are all equally good (or all "
-    "equally wrong) nothing is learned from them, yet plain GRPO still pays for them in the passes after "
-    "generation (the update, and the reference and old-policy passes where a run has them). **FastRL prunes such "
-    "rollouts before those passes, keeps the informative ones that stand for the rest, "
-    "and adapts how many answers to sample per question.**")
+    "group's average are reinforced, worse ones discouraged. A group whose answers all got the same reward teaches "
+    "nothing, yet plain GRPO still pays for it in the passes after generation. **FastRL samples fewer answers for "
+    "questions it has already decided (the budget), and drops rollouts that carry no gradient or whose gradient "
+    "is not worth its passes (the rule).** Both methods merge identical answers to a question into one row; that "
+    "saving is not FastRL's and is shown apart.")
 live = any(widgets.is_live(r) for _, r in runs.iterrows())
 
 
@@ -29,90 +32,93 @@ def story() -> None:
     if steps.empty:
         st.info("The run has started; the story begins once its first step is written.")
         return
+    all_runs = data.runs()
+    base_id, why = analysis.paired_baseline(all_runs, run_id)
+    by_id = all_runs.set_index("run_id", drop=False)
 
-    st.header("1 · What pruning does to one group")
-    recent = data.groups(run_id)
-    recent = recent[recent["step"] >= steps["step"].iloc[-1] - 20]
-    informative = recent[(recent["reward_std"] > 0) & (recent["kept"] > 0) & (recent["kept"] < recent["sampled"])]
-    pool = informative if not informative.empty else recent
-    step = int(pool["step"].max())
-    prompt = analysis.pick_informative_group(pool[pool["step"] == step])
-    group = data.rollouts(run_id, step, prompt)
+    st.header("1 · One group, in both runs")
+    groups = data.groups(run_id)
+    step, prompt = analysis.pick_demo_group(groups)
+    group = data.rollouts(run_id, step, prompt) if prompt is not None else pd.DataFrame()
     if group.empty:
         st.info("This run does not log rollouts, so there is no group to show.")
     else:
         left, right = st.columns([1, 2])
         png = data.image_bytes(group["image_ref"].iloc[0])
         if png is not None:
-            left.image(png, caption=f"step {step} · prompt {prompt}", width=320)
+            left.image(png, caption=f"step {step} · prompt {prompt}", width=300)
         with right:
             st.markdown(f"**Question.** {group['question'].iloc[0] or '—'}  \n"
                         f"**Correct answer.** `{group['answer'].iloc[0] or '—'}`")
             st.plotly_chart(charts.group_bars(group, revision=f"demo/{step}/{prompt}"), key="demo_group")
-        n_kept = int(group["kept"].sum())
-        pruned = group.loc[~group["kept"].astype(bool), "reason"].value_counts()
-        zero = int(pruned.get("ZERO_ADVANTAGE", 0) + pruned.get("ZERO_VARIANCE_GROUP", 0))
-        others = pruned.drop(["ZERO_ADVANTAGE", "ZERO_VARIANCE_GROUP"], errors="ignore")
-        correct = int((group["accuracy_reward"].fillna(0) > 0).sum())
-        lines = [
-            f"1. **Sample.** The model answered this question **{len(group)} times**; {correct} answers were "
-            f"correct, rewards ranged from {group['reward'].min():.2f} to {group['reward'].max():.2f}.",
-            "2. **Compare.** Each answer's *advantage* is its reward relative to the group's: positive ones are "
-            "reinforced, negative ones discouraged.",
-            f"3. **Drop what teaches nothing.** {zero} answer{'s' if zero != 1 else ''} had advantage 0 (no "
-            "gradient): pruned for free." if zero else
-            "3. **Drop what teaches nothing.** No answer had advantage 0 here.",
-        ]
-        if len(others):
-            lines.append("4. **Keep a diverse, informative few.** Of the rest, "
-                         + "; ".join(f"{count} × *{analysis.reason_label(reason)}* ({analysis.reason_text(reason)})"
-                                     for reason, count in others.items()) + ".")
-        lines.append(f"{len(lines) + 1}. **Update.** FastRL kept **{n_kept}** of {len(group)} for the log-probability "
-                     f"passes and the update; plain GRPO would have paid for all {len(group)}.")
-        st.markdown("\n".join(lines))
-        with st.expander("The answers themselves"):
-            st.dataframe(group.sort_values("advantage", ascending=False)[
-                ["kept", "reason", "reward", "advantage", "completion"]], hide_index=True, key="demo_answers")
+        other = data.rollouts(base_id, step, prompt) if base_id and data.latest_step(base_id) is not None \
+            and data.latest_step(base_id) >= step else pd.DataFrame()
+        st.markdown(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO"))
+        with st.expander("The answers in both runs, side by side"):
+            cols = st.columns(2)
+            for col, (label, rows) in zip(cols, (("FastRL", group), ("GRPO", other))):
+                col.markdown(f"**{label}**")
+                if rows.empty:
+                    col.caption("No group of this prompt at this step in the GRPO run"
+                                + (f" ({why})" if why else "."))
+                else:
+                    col.dataframe(analysis.rollout_table(rows), hide_index=True, key=f"demo_answers_{label}")
         st.page_link("views/rollouts.py", label="Browse every group of this step",
                      query_params={"run": run_id, "step": str(step), "prompt": prompt}, icon=":material/search:")
 
-    st.header("2 · Where the rollout budget went")
-    kept_share = steps["rollouts_kept"].sum() / max(int(steps["rollouts_sampled"].sum()), 1)
-    st.plotly_chart(charts.sampled_vs_kept(steps, revision=f"demo/{run_id}"), key="demo_budget")
-    st.markdown(
-        f"Over {len(steps)} steps the run sampled **{int(steps['rollouts_sampled'].sum()):,}** rollouts and sent "
-        f"**{kept_share:.0%}** of them through the log-probability passes and the update; the rest were dropped "
-        f"right after being scored. It ended at **{steps['rollouts_per_prompt'].iloc[-1]:.1f} rollouts per prompt** "
-        f"(started at {steps['rollouts_per_prompt'].iloc[0]:.1f}). " + analysis.pruning_saving(steps))
+    st.header("2 · Where the rollouts went")
+    ids = [run_id] + ([base_id] if base_id else [])
+    both = data.steps(ids)
+    if not all(metrics.has_split(both[both["run_id"] == r]) for r in ids):
+        st.info("These runs' steps do not record the split of their rollouts (a store written before it was "
+                "added); the Budget page shows sampled and kept.")
+    else:
+        totals = pd.DataFrame([{"run": f"{metrics.run_labels(by_id.loc[[r]])['method'].iloc[0]} · {r}",
+                                **metrics.split_totals(metrics.rollout_split(both[both["run_id"] == r]))}
+                               for r in ids])
+        st.plotly_chart(charts.split_bars(totals, revision="demo/split"), key="demo_split")
+        passes = metrics.passes_after_pruning(steps, _config(by_id.loc[run_id]))
+        st.markdown(analysis.split_sentence(totals.iloc[0].to_dict(), passes))
+        if base_id:
+            credit = metrics.credited_saving(totals.iloc[0].to_dict(), totals.iloc[1].to_dict())
+            st.markdown(analysis.credit_sentence("FastRL", "GRPO", credit))
+        else:
+            st.caption(f"No GRPO run to credit against: {why}")
+        per_prompt = both.assign(method=both["run_id"].map(
+            metrics.run_labels(by_id.loc[ids]).set_index("run_id")["method"]))
+        st.plotly_chart(charts.metric_lines(per_prompt, x="step", y="rollouts_per_prompt", colour="method",
+                                            x_title="step", y_title="rollouts per prompt (mean over the step)",
+                                            revision="demo/budget",
+                                            colours=palette.method_colours(per_prompt["method"].unique())),
+                        key="demo_budget")
+        st.caption("The budget moving: plain GRPO samples the same n for every prompt; FastRL's budget probes or "
+                   "skips prompts it has decided. " + analysis.pruning_saving(steps, passes))
 
     st.header("3 · Speed and accuracy against GRPO")
-    labels = metrics.run_labels(data.runs())
-    mine = labels[labels["run_id"] == run_id]
-    method, objective = mine["method"].iloc[0], mine["objective"].iloc[0]
-    base = labels[labels["is_baseline"] & (labels["objective"] == objective)]
-    if base.empty:
-        st.info("There is no plain-GRPO run (pruner `none`, budget `fixed`) in this store to compare with yet. "
-                "`fastrl demo` trains one right after the FastRL run, `fastrl bench` one per seed; this section "
-                "fills in while it trains.")
+    if not base_id:
+        st.info(f"No figure here: {why}")
         return
-    base_method = sorted(base["method"].unique(), key=lambda m: (not m.startswith("grpo"), m))[0]
-    ids = labels.loc[labels["method"].isin([method, base_method]), "run_id"].tolist()
+    labels = metrics.run_labels(all_runs)
+    bench = labels[[bool(metrics.BENCH_NAME.match(str(n))) for n in all_runs.set_index("run_id").loc[
+        labels["run_id"], "name"]]]
+    method = labels.set_index("run_id").loc[run_id, "method"]
+    base_method = labels.set_index("run_id").loc[base_id, "method"]
+    ids = bench.loc[bench["method"].isin([method, base_method]), "run_id"].tolist()
     sampled, y_title = widgets.accuracy_choice(ids, key="demo_accuracy")
     per_run, summary, curves = data.comparison(ids, sampled=sampled)
-    by_method = summary.set_index("method")
-    if method not in by_method.index or base_method not in by_method.index:
-        st.info("Waiting for the first evaluations of these runs.")
+    by_method = summary.set_index("method") if len(summary) else pd.DataFrame()
+    counts = curves.groupby("run_id").size().reindex(ids).fillna(0).astype(int).tolist() if len(curves) else [0]
+    window = analysis.visible_window(counts, metrics.WINDOW)
+    if method not in by_method.index or base_method not in by_method.index or window == 0:
+        st.info("No figure yet: each run needs an evaluation after its warm start (step 0) first.")
         return
     ours, theirs = by_method.loc[method], by_method.loc[base_method]
     bands = pd.concat([metrics.band(c).assign(method=m) for m, c in curves.groupby("method", sort=False)],
                       ignore_index=True)
-    if not bands.empty:
-        st.plotly_chart(charts.band_lines(bands, x="wall_time", x_title="training seconds (evaluation excluded)",
-                                          y_title=y_title, revision="demo/compare"),
-                        key="demo_compare")
-    reached = int(ours["target_reached"])
-    seeds = len(ours["seeds"])
-    cols = [*st.columns(3), *st.columns(3)[:2]]  # speed and samples, then accuracy: intervals fit in a third
+    st.plotly_chart(charts.band_lines(bands, x="wall_time", x_title="training seconds (evaluation excluded)",
+                                      y_title=y_title, revision="demo/compare"), key="demo_compare")
+    reached, seeds = int(ours["target_reached"]), len(ours["seeds"])
+    cols = [*st.columns(3), *st.columns(3)[:2]]
     cols[0].metric("Speed-up per step", metrics.interval(ours, "step_speedup").text(".2f", "×"),
                    help="GRPO's training seconds for the same number of steps / FastRL's (the paper's speed-up)")
     cols[1].metric("Speed-up to the target accuracy", metrics.interval(ours, "target_speedup").text(".2f", "×")
@@ -121,28 +127,26 @@ def story() -> None:
                         f"FastRL's, on seeds where both got there ({reached} of {seeds} FastRL seeds did)")
     cols[2].metric("Rollouts to the target (× GRPO's)",
                    metrics.interval(ours, "target_rollout_share").text(".2f", "×") if reached else "not reached",
-                   help="The rollouts FastRL sampled until it reached that accuracy / GRPO's, on the same seeds; "
-                        "below 1: the same accuracy from fewer samples")
-    cols[3].metric("FastRL accuracy", _percent(metrics.interval(ours, "final_accuracy")))
-    cols[4].metric("GRPO accuracy", _percent(metrics.interval(theirs, "final_accuracy")))
+                   help="The rollouts FastRL sampled until it reached that accuracy / GRPO's, on the same seeds")
+    cols[3].metric("FastRL accuracy", report.percent(metrics.interval(ours, "final_accuracy")))
+    cols[4].metric("GRPO accuracy", report.percent(metrics.interval(theirs, "final_accuracy")))
     running = any(widgets.status(widgets.current(r)) == "running" for r in ids)
-    caveat = " Some of these runs are still training, so the figures will move." if running else ""
-    st.caption(
-        f"Measured on this machine: {method} ({seeds} seed{'s' if seeds != 1 else ''}) against {base_method} "
-        f"({len(theirs['seeds'])}), paired by seed. Accuracy is "
-        f"{'mean@k (k completions per problem at the training temperature)' if sampled else 'greedy accuracy'} "
-        "on the held-out split, mean of the "
-        f"last {metrics.WINDOW} evaluations; ± and [ ] are 95 % intervals over seeds (none with one seed); curves "
-        f"show the mean of the seeds with its band.{caveat}")
+    st.caption(report.comparison_caption(method, base_method, seeds, len(theirs["seeds"]), window, sampled, running))
 
 
-def _percent(interval: metrics.Interval) -> str:
-    if interval.n == 0:
-        return "—"
-    if interval.n < 2:
-        return f"{interval.mean:.1%}"
-    return f"{interval.mean:.1%} ± {100 * (interval.high - interval.mean):.1f} pts"
+def _config(run: pd.Series) -> dict:
+    import json
+
+    return json.loads(run["config"]) if isinstance(run.get("config"), str) else {}
 
 
-# Always polling (slowly when nothing trains): `fastrl demo` starts the GRPO run after the FastRL run ends.
+# Always polling (slowly when nothing trains): a demo's runs may appear or finish at any time.
 st.fragment(story, run_every=widgets.LIVE_EVERY if live else "10s")()
+
+st.header("Hand it over")
+if st.button("Prepare the HTML report", key="demo_report_button"):
+    html = report.render(data.store_dir(), run_id)
+    st.download_button("Download demo.html", html, file_name="demo.html", mime="text/html",
+                       key="demo_report_download")
+st.caption("One self-contained file (figures, plotly.js, the group's image inline): it opens offline. "
+           "The same from the command line: `fastrl report --store DIR --out demo.html`.")

@@ -9,10 +9,13 @@ from app import analysis, charts, data, widgets
 
 COLOURS = {"kept / pruned": "status", "advantage": "advantage", "correct / wrong": "correct"}
 MAX_POINTS = 4096
-GRID_COLUMNS, GRID_MAX = 6, 24
+PAGE_SIZE = 12
 
 st.title("Gradient-sketch map")
-run, steps = widgets.run_with_steps("No step written yet.")
+all_runs = widgets.runs_or_wait()
+sketching = all_runs[all_runs["pruner"] != "none"]  # plain GRPO computes no sketches: open on a run that has them
+run, steps = widgets.run_with_steps("No step written yet.",
+                                    default=sketching["run_id"].iloc[0] if len(sketching) else None)
 run_id = run["run_id"]
 
 step_ids = steps["step"].astype(int).tolist()
@@ -25,7 +28,16 @@ colour = COLOURS[st.sidebar.radio("Colour by", list(COLOURS), key="map_colour")]
 window = [s for s in step_ids if low <= s <= high]
 meta, matrix = data.sketches(run_id, window, limit=MAX_POINTS)
 if meta.empty:
-    st.info("No gradient sketches in these steps (the run was trained without rollout logging or sketches).")
+    logged = not data.rollouts(run_id, window[-1]).empty
+    if not logged:
+        st.info(f"Run `{run_id}` was trained without rollout logging (log_rollouts=false): it stored no rollouts "
+                "and so no sketches.")
+    elif run["pruner"] == "none":
+        st.info(f"Run `{run_id}` is plain GRPO (pruner `none`): it ranks no rollouts, so the trainer computed no "
+                "gradient sketches to map. Its rollouts are on the Rollouts page; pick a FastRL run here.")
+    else:
+        st.info(f"No gradient sketches in steps {low}–{high} of `{run_id}`: its pruner `{run['pruner']}` does not "
+                "use them (only FastRL's does).")
     st.stop()
 
 projection = data.project(run_id, meta, matrix)
@@ -66,22 +78,31 @@ def map_and_selection() -> None:
     chosen = points.set_index(["step", "rollout_id"]).loc[picked].reset_index()
     st.subheader(f"{len(chosen)} selected rollouts")
     kept = int(chosen["kept"].sum())
-    st.caption(f"{kept} kept, {len(chosen) - kept} pruned · mean advantage {chosen['advantage'].mean():+.2f} · "
-               f"{(chosen['accuracy_reward'].fillna(0) > 0).mean():.0%} correct"
-               f"{f' · showing the first {GRID_MAX}' if len(chosen) > GRID_MAX else ''}")
+    st.caption(f"{kept} kept, {len(chosen) - kept} left out · mean advantage {chosen['advantage'].mean():+.2f} · "
+               f"{(chosen['accuracy_reward'].fillna(0) > 0).mean():.0%} correct · in map order (step, then rollout)")
     details = pd.concat([data.rollouts(run_id, int(s)) for s in chosen["step"].unique()])
-    chosen = chosen.merge(details[["step", "rollout_id", "image_ref"]], on=["step", "rollout_id"], how="left")
-    for start in range(0, min(len(chosen), GRID_MAX), GRID_COLUMNS):
-        columns = st.columns(GRID_COLUMNS)
-        for column, (_, row) in zip(columns, chosen.iloc[start:start + GRID_COLUMNS].iterrows()):
-            png = data.image_bytes(row["image_ref"])
-            with column:
-                if png is not None:
-                    st.image(png, width="stretch")
-                status = ":green[kept]" if row["kept"] else f":red[pruned]: {analysis.reason_label(row['reason'])}"
-                st.markdown(f"{status}  \nA={row['advantage']:+.2f} · r={row['reward']:.2f}")
-                st.page_link("views/rollouts.py", label=f"step {row['step']} group", help=row["prompt_id"],
-                             query_params={"run": run_id, "step": str(row["step"]), "prompt": row["prompt_id"]})
+    chosen = chosen.sort_values(["step", "rollout_id"], key=lambda c: c if c.name == "step" else
+                                c.str.split("-").str[-1].astype(int), kind="stable")
+    chosen = chosen.merge(details[["step", "rollout_id", "image_ref", "question", "completion"]],
+                          on=["step", "rollout_id"], how="left")
+    pages = max(1, -(-len(chosen) // PAGE_SIZE))
+    page = st.number_input(f"Page (of {pages}, {PAGE_SIZE} a page)", 1, pages, 1, key="selection_page") \
+        if pages > 1 else 1
+    part = chosen.iloc[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
+    table = pd.DataFrame({
+        "image": [data.image_data_url(ref) for ref in part["image_ref"]],
+        "step": part["step"], "status": [("kept" if k else f"left out: {analysis.reason_label(r)}")
+                                         for k, r in zip(part["kept"], part["reason"])],
+        "advantage": part["advantage"].round(3), "reward": part["reward"].round(2),
+        "question": part["question"].fillna("—"), "completion": part["completion"].fillna("—"),
+        "group": [f"rollouts?run={run_id}&step={s}&prompt={p}" for s, p in zip(part["step"], part["prompt_id"])]})
+    st.dataframe(table, hide_index=True, row_height=64, height=40 + 65 * len(table), key="selection_table",
+                 width="stretch", column_config={
+        "image": st.column_config.ImageColumn("image", width="small"),
+        "question": st.column_config.TextColumn(width="medium"),
+        "completion": st.column_config.TextColumn(width="large"),
+        "group": st.column_config.LinkColumn("group", display_text="open group")})
+    st.caption(f"Rows {(page - 1) * PAGE_SIZE + 1}–{(page - 1) * PAGE_SIZE + len(part)} of {len(chosen)}.")
 
 
 map_and_selection()

@@ -1,35 +1,51 @@
-"""Rollouts: browse one step's prompt groups — image, question, and every rollout with its reward parts,
-advantage, score and keep decision. Deep links: ?run=<run_id>&step=<step>&prompt=<prompt_id>."""
+"""Rollouts: browse one step's prompt groups — image, question, and every rollout with its reward parts, advantage,
+score, loss weight, multiplicity and keep decision; the full text of any rollout; the same prompt in another run
+side by side. Deep links: ?run=<run_id>&step=<step>&prompt=<prompt_id> (what a link names that the store lacks is
+said, not silently replaced)."""
 
+import pandas as pd
 import streamlit as st
 
 from app import analysis, charts, data, widgets
 
 ALL = "— every prompt of the step —"
 CHOICES = {"all": None, "yes": True, "no": False}
+NONE = "— none —"
+EXPLAINED = (
+    "**stands for**: how many sampled rollouts the row counts for. Identical answers to a question are merged: the "
+    "first counts all of them in the update, its copies show 0 (merged). **score**: the pruner's ranking number "
+    "for the rollout (for FastRL, its |advantage|-weighted share of the group's gradient sketch; 0 for plain GRPO, "
+    "which ranks nothing). **weight**: the loss weight of a kept rollout in the update (1 unless the pruner "
+    "reweights; 0 for a rollout left out).")
 
 st.title("Rollouts")
 run, steps = widgets.run_with_steps("No step written yet; this page shows a step's groups once one is.")
 run_id = run["run_id"]
 
 step_ids = steps["step"].astype(int).tolist()
-asked = st.query_params.get("step")
-default_step = int(asked) if asked is not None and asked.lstrip("-").isdigit() and int(asked) in step_ids \
-    else step_ids[-1]
-step = st.sidebar.select_slider("Step", step_ids, value=default_step, key="rollouts_step")
+step = widgets.pick_step(step_ids, run_id, key="rollouts_step")
 kept = CHOICES[st.sidebar.radio("Kept", list(CHOICES), horizontal=True, key="rollouts_kept")]
 correct = CHOICES[st.sidebar.radio("Correct", list(CHOICES), horizontal=True, key="rollouts_correct")]
 
 groups = data.groups(run_id, step)
 rollouts = data.rollouts(run_id, step)
+rollouts = rollouts.assign(multiplicity=analysis.multiplicity(rollouts))
 reasons = sorted(rollouts["reason"].dropna().unique().tolist())
 chosen_reasons = st.sidebar.multiselect("Reason", reasons, format_func=analysis.reason_label, key="rollouts_reason",
                                         help="\n".join(f"- {analysis.reason_label(r)}: {analysis.reason_text(r)}"
                                                        for r in reasons))
+others = [r for r in data.runs()["run_id"].tolist() if r != run_id]
+paired, _ = analysis.paired_baseline(data.runs(), run_id)
+compare_with = st.sidebar.selectbox("Same prompt in run", [NONE, *others],
+                                    index=([NONE, *others]).index(paired) if paired in others else 0,
+                                    key="rollouts_compare", help="Show this prompt's group in another run beside it")
 
 prompt_ids = groups["prompt_id"].tolist()
 asked_prompt = st.query_params.get("prompt")
 if asked_prompt not in prompt_ids:
+    if asked_prompt not in (None, "all"):
+        st.warning(f"The link asks for prompt `{asked_prompt}`, which step {step} of `{run_id}` did not draw; "
+                   "showing the step's most informative group.")
     asked_prompt = analysis.pick_informative_group(groups) if asked_prompt != "all" else ALL
 by_prompt = groups.set_index("prompt_id")
 prompt = st.selectbox(
@@ -48,25 +64,57 @@ shown = analysis.filter_rollouts(rollouts, prompt_id=None if prompt == ALL else 
                                  reasons=chosen_reasons or None)
 columns = {
     "status": st.column_config.TextColumn("", width="small"),
-    "reason": st.column_config.TextColumn("pruned because", help="Why the pruner dropped it"),
+    "multiplicity": st.column_config.NumberColumn("stands for", help="Sampled rollouts this row counts for: "
+                                                  "identical answers are merged into the first (0: a merged copy)"),
+    "reason": st.column_config.TextColumn("left out because", help="Why the pruner (or the merge) left it out"),
     "reward": st.column_config.NumberColumn(format="%.2f"),
     "format_reward": st.column_config.NumberColumn("format", format="%.2f"),
     "accuracy_reward": st.column_config.NumberColumn("accuracy", format="%.2f"),
-    "advantage": st.column_config.NumberColumn(format="%+.3f"),
-    "score": st.column_config.NumberColumn(format="%.3f", help="The pruner's score for this rollout"),
-    "weight": st.column_config.NumberColumn(format="%.2f", help="Loss weight of a kept rollout"),
+    "advantage": st.column_config.NumberColumn(format="%+.3f", help="Reward relative to its group's"),
+    "score": st.column_config.NumberColumn(format="%.3f", help="The pruner's ranking number (see below)"),
+    "weight": st.column_config.NumberColumn(format="%.2f", help="Loss weight in the update; 0 when left out"),
     "length": st.column_config.NumberColumn("tokens"),
+    "question": st.column_config.TextColumn("question", width="medium"),
     "completion": st.column_config.TextColumn("completion", width="large"),
 }
-view = shown.assign(status=shown["kept"].map({True: "kept", False: "pruned"}),
-                    reason=[analysis.pruned_reason(k, r) for k, r in zip(shown["kept"], shown["reason"])])
+view = shown.assign(status=shown["kept"].map({True: "kept", False: "left out"}),
+                    reason=[analysis.pruned_reason(k, r) or "—" for k, r in zip(shown["kept"], shown["reason"])])
+
+
+def full_text(frame: pd.DataFrame, key: str) -> None:
+    """The complete text of one rollout of `frame`, chosen by its id."""
+    if frame.empty:
+        return
+    ids = frame["rollout_id"].tolist()
+    chosen = st.selectbox("Full text of rollout", ids, key=key,
+                          format_func=lambda r: f"{r} · {frame.set_index('rollout_id').loc[r, 'status']} · "
+                                                f"A={frame.set_index('rollout_id').loc[r, 'advantage']:+.2f}")
+    row = frame.set_index("rollout_id").loc[chosen]
+    st.markdown(f"**{chosen}** · prompt `{row['prompt_id']}` · reward {row['reward']:.2f} · advantage "
+                f"{row['advantage']:+.3f} · {row['status']}" + (f" ({row['reason']})" if row["reason"] != "—" else "")
+                + f" · stands for {int(row['multiplicity'])} · {int(row['length'])} tokens")
+    st.code(row["completion"], language=None, wrap_lines=True)
+    tokens = data.tokens(run_id, int(row["step"]), chosen)
+    if tokens is None:
+        st.caption("This run's store has no per-token log-probabilities (written before they were recorded, or by "
+                   "a trainer that does not record them): the text above is the complete decoded completion with "
+                   "the rollout's own advantage, reward and token count.")
+    else:
+        st.markdown("**Token by token.** Each token shaded by the log-probability the policy gave it when sampling "
+                    "(darker: less likely; hover for the value); the badge is the rollout's advantage, which scales "
+                    "every token's log-prob gradient in the update.")
+        st.html(analysis.token_html(tokens, float(row["advantage"])))
+
 
 if prompt == ALL:
-    st.caption(f"Step {step}: {len(shown)} of {len(rollouts)} rollouts match the filters.")
+    st.caption(f"Step {step}: {len(shown)} of {len(rollouts)} rollouts match the filters, grouped by prompt.")
     view = view.assign(image=[data.image_data_url(ref) for ref in view["image_ref"]])
-    st.dataframe(view[["image", "prompt_id", "status", "reason", "reward", "format_reward", "accuracy_reward",
-                       "advantage", "score", "completion"]], hide_index=True, row_height=56, key="all_rollouts",
+    st.dataframe(view[["image", "prompt_id", "question", "status", "multiplicity", "reason", "reward",
+                       "advantage", "score", "weight", "completion"]], hide_index=True, row_height=64,
+                 height=min(40 + 65 * len(view), 1100), key="all_rollouts",
                  column_config={**columns, "image": st.column_config.ImageColumn("image", width="small")})
+    st.caption(EXPLAINED)
+    full_text(view, "full_all")
     st.stop()
 
 group = rollouts[rollouts["prompt_id"] == prompt]
@@ -81,16 +129,41 @@ with left:
 with right:
     st.markdown(f"**Question.** {first['question'] or '—'}")
     st.markdown(f"**Answer.** `{first['answer'] or '—'}`")
-    n_kept = int(group["kept"].sum())
-    st.markdown(f"**Group.** {len(group)} rollouts sampled, **{n_kept} kept**, {len(group) - n_kept} pruned · "
-                f"reward {group['reward'].mean():.2f} ± {group['reward'].std(ddof=0):.2f}")
+    fate = analysis.group_fate(group)
+    st.markdown(f"**Group.** {fate['sampled']} rollouts sampled: **{fate['kept']} kept**, {fate['merged']} merged "
+                f"as duplicates, {fate['pruned']} pruned by the rule · reward {group['reward'].mean():.2f} ± "
+                f"{group['reward'].std(ddof=0):.2f}")
     st.plotly_chart(charts.group_bars(group, revision=f"{run_id}/{step}/{prompt}"), key="group_bars")
 
 st.subheader("Every rollout of the group")
-st.caption(f"{len(view)} of {len(group)} rollouts match the filters, highest advantage first.")
+st.caption(f"{len(view)} of {len(group)} rollouts match the filters, highest advantage first. {EXPLAINED}")
 st.dataframe(view.sort_values("advantage", ascending=False)[
-    ["status", "reason", "reward", "format_reward", "accuracy_reward", "advantage", "score", "weight", "length",
-     "completion"]], hide_index=True, column_config=columns, key="group_rollouts")
+    ["status", "multiplicity", "reason", "reward", "format_reward", "accuracy_reward", "advantage", "score", "weight",
+     "length", "completion"]], hide_index=True, column_config=columns, key="group_rollouts")
+full_text(view, "full_group")
+
+if compare_with != NONE:
+    st.subheader(f"The same prompt in `{compare_with}`")
+    other_steps = data.groups(compare_with)
+    visits = other_steps.loc[other_steps["prompt_id"] == prompt, "step"].astype(int).tolist()
+    if not visits:
+        st.info(f"Run `{compare_with}` never drew prompt `{prompt}`.")
+    else:
+        other_step = step if step in visits else min(visits, key=lambda s: abs(s - step))
+        other = data.rollouts(compare_with, other_step, prompt)
+        cols = st.columns(2)
+        for col, label, rows, at in ((cols[0], run_id, group, step), (cols[1], compare_with, other, other_step)):
+            with col:
+                fate = analysis.group_fate(rows) if len(rows) else None
+                st.markdown(f"**{label}** · step {at}" + (
+                    f" · {fate['sampled']} sampled, {fate['kept']} kept, {fate['merged']} merged, {fate['pruned']} "
+                    "pruned by the rule" if fate else " · no rollouts logged"))
+                if len(rows):
+                    st.dataframe(analysis.rollout_table(rows), hide_index=True, key=f"side_{label == run_id}")
+        if other_step != step:
+            st.caption(f"`{compare_with}` did not draw this prompt at step {step}; its nearest visit is step "
+                       f"{other_step}.")
+
 with st.expander("What the reasons mean"):
     for reason in reasons:
         st.markdown(f"- **{analysis.reason_label(reason)}** — {analysis.reason_text(reason)}")

@@ -4,7 +4,7 @@ method, from `fastrl_core.metrics` like `fastrl bench`), and chosen runs side by
 import pandas as pd
 import streamlit as st
 
-from app import analysis, charts, data, widgets
+from app import analysis, charts, data, palette, widgets
 from fastrl_core import metrics
 
 st.title("Runs")
@@ -15,19 +15,21 @@ st.caption(f"Store `{data.store_dir()}` · {len(runs)} runs. Times are the train
 table = pd.DataFrame({
     "status": [widgets.status(r) for _, r in runs.iterrows()],
     "run": runs["run_id"], "objective": runs["objective"], "pruner": runs["pruner"], "budget": runs["budget"],
-    "steps": runs["steps"], "train time (s)": runs["wall_time"], "kept": runs["kept_fraction"],
-    "train accuracy": runs["train_accuracy"], "best eval accuracy": runs["best_accuracy"],
-    "last eval accuracy": runs["last_accuracy"], "started": runs["started"].dt.tz_convert(None),
+    "steps": runs["steps"].fillna(0).astype(int), "train time (s)": analysis.text_column(runs["wall_time"], ".0f"),
+    "kept": runs["kept_fraction"].fillna(0.0),
+    "train accuracy": analysis.text_column(runs["train_accuracy"], ".3f"),
+    "best eval accuracy": analysis.text_column(runs["best_accuracy"], ".3f"),
+    "last eval accuracy": analysis.text_column(runs["last_accuracy"], ".3f"),
+    "started": runs["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M"),
 })
-st.dataframe(table, hide_index=True, column_config={
-    "train time (s)": st.column_config.NumberColumn(format="%.0f"),
+st.dataframe(table, hide_index=True, width="stretch", column_config={
+    "run": st.column_config.TextColumn(width="medium"),
     "kept": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0,
-                                            help="Share of sampled rollouts that entered the update"),
-    "train accuracy": st.column_config.NumberColumn(format="%.3f", help="Rollout accuracy in the last step"),
-    "best eval accuracy": st.column_config.NumberColumn(format="%.3f", help="Greedy accuracy on the eval split"),
-    "last eval accuracy": st.column_config.NumberColumn(format="%.3f"),
-    "started": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
+                                            help="Share of sampled rollouts that entered the passes after pruning"),
+    "train accuracy": st.column_config.TextColumn(help="Rollout accuracy in the last step"),
+    "best eval accuracy": st.column_config.TextColumn(help="Greedy accuracy on the eval split (— : no evaluation)"),
 }, key="runs_table")
+st.caption("— : not recorded yet (no evaluation, or no step). The table scrolls sideways when the window is narrow.")
 live = any(widgets.status(r) == "running" for _, r in runs.iterrows())
 labels = metrics.run_labels(runs.sort_values("started", kind="stable"))
 X_AXES = {"training seconds": ("wall_time", "training seconds"), "CPU seconds": ("cpu_time", "CPU seconds"),
@@ -69,17 +71,21 @@ def methods_section() -> None:
     x, x_title = X_AXES[x_name]
     bands = pd.concat([metrics.band(c, x=x).assign(method=m) for m, c in curves.groupby("method", sort=False)],
                       ignore_index=True) if len(curves) else pd.DataFrame()
-    if bands.empty or bands["mean"].isna().all():
-        st.info("These runs have no evaluations yet (or no CPU timings, for the CPU axis).")
+    points = curves.groupby("run_id").size() if len(curves) else pd.Series(dtype=int)
+    if bands.empty or bands["mean"].isna().all() or points.max() < 2:
+        st.info("No chart yet: a curve needs two evaluations of a run (the warm start and one more), and CPU "
+                "timings for the CPU axis.")
     else:
         st.plotly_chart(charts.band_lines(bands, x=x, x_title=x_title, y_title=y_title,
                                           revision="methods"), key="methods_chart")
-    st.dataframe(summary_table(summary), hide_index=True, key="methods_table")
+    st.dataframe(summary_table(summary), hide_index=True, key="methods_table", width="stretch")
     target = per_run["target_accuracy"].dropna()
+    window = analysis.visible_window(points.reindex(ids).fillna(0).astype(int).tolist(), metrics.WINDOW)
     st.caption(
         "Mean of the seeds with its 95 % Student-t interval (band, ±); speed-ups are geometric means of each seed's "
         "ratio to the GRPO run of the same seed, interval on the log ratio ([low, high]); (n=1): one seed, no "
-        f"interval. Final accuracy: mean of the last {metrics.WINDOW} evaluations. Step speed-up: GRPO's training "
+        f"interval. Final accuracy: mean of the last {window} evaluation{'s' if window != 1 else ''} after the warm "
+        f"start (the bench's {metrics.WINDOW}, fewer while a run has fewer). Step speed-up: GRPO's training "
         f"seconds for the same steps / the method's. Time-to-target: to {metrics.TARGET_SHARE:.0%} of GRPO's mean "
         "gain over the warm start"
         + (f" (accuracy {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))})" if len(target) else "")
@@ -91,10 +97,26 @@ def methods_section() -> None:
     with st.expander("Every seed"):
         shown = ["method", "seed", "run_id", "final_accuracy", "step_speedup", "cpu_step_speedup", "time_to_target",
                  "target_speedup", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "kept_fraction"]
-        st.dataframe(per_run[shown], hide_index=True, key="seeds_table")
+        st.dataframe(analysis.display_frame(per_run[shown]), hide_index=True, key="seeds_table")
 
 
 st.fragment(methods_section, run_every=widgets.LIVE_EVERY if live else None)()
+
+st.header("Where each run's rollouts went")
+split_rows = []
+for run_id, method in zip(labels["run_id"], labels["method"]):
+    run_steps = data.steps([run_id])
+    if metrics.has_split(run_steps):
+        split_rows.append({"run": f"{method} · {run_id}",
+                           **metrics.split_totals(metrics.rollout_split(run_steps))})
+if split_rows:
+    totals = pd.DataFrame(split_rows)
+    st.plotly_chart(charts.split_bars(totals, revision="runs/split"), key="runs_split")
+    st.caption("Each run's nominal rollouts (steps × prompts × n: what plain GRPO samples) split into skipped by "
+               "the budget, merged as duplicates (every method merges them), pruned by the method's own rule, and "
+               "kept. Only the budget and the rule are a method's own saving.")
+else:
+    st.info("No run in this store records the split of its rollouts yet (stores written before it was added).")
 
 st.header("Compare runs")
 ids = runs["run_id"].tolist()
@@ -123,31 +145,31 @@ def compare() -> None:
     x, x_title = ("wall_time", "seconds") if x_axis.startswith("wall") else ("step", "step")
     rewards = steps.assign(reward=steps.groupby("run_id")["reward_mean"].transform(
         lambda s: s.rolling(5, min_periods=1).mean()))
+    colours = {r: palette.method_colour(m) for r, m in zip(labels["run_id"], labels["method"])}
+    if len(curves) < 2 or steps.groupby("run_id").size().max() < 2:
+        st.info("No chart yet: a line needs two points (two steps, or two evaluations).")
+        return
     left, right = st.columns(2)
     with left:
         st.subheader("Reward")
         st.plotly_chart(charts.metric_lines(rewards, x=x, y="reward", x_title=x_title,
-                                            y_title="mean reward (5-step mean)", revision="compare"),
+                                            y_title="mean reward (5-step mean)", revision="compare",
+                                            colours=colours),
                         key="compare_reward")
     with right:
         st.subheader("Accuracy")
         st.plotly_chart(charts.metric_lines(curves, x=x, y="accuracy", x_title=x_title, y_title="accuracy",
-                                            revision="compare", markers=source == "eval"),
+                                            revision="compare", markers=source == "eval", colours=colours),
                         key="compare_accuracy_chart")
 
     st.subheader("Each run against the GRPO run of its seed")
-    st.dataframe(per_run.assign(run=per_run["run_id"])[[
+    st.dataframe(analysis.display_frame(per_run.assign(run=per_run["run_id"])[[
         "run", "method", "seed", "final_accuracy", "time_to_target", "target_speedup", "step_speedup",
-        "cpu_step_speedup", "auc", "seconds_per_step"]], hide_index=True, key="compare_table", column_config={
-        "final_accuracy": st.column_config.NumberColumn("final accuracy", format="%.3f"),
-        "time_to_target": st.column_config.NumberColumn("seconds to target", format="%.1f"),
-        "target_speedup": st.column_config.NumberColumn("time-to-target speed-up", format="%.2f×"),
-        "step_speedup": st.column_config.NumberColumn("step speed-up", format="%.2f×"),
-        "cpu_step_speedup": st.column_config.NumberColumn("step speed-up (CPU)", format="%.2f×"),
-        "auc": st.column_config.NumberColumn("AUC", format="%.3f"),
-        "seconds_per_step": st.column_config.NumberColumn("s/step", format="%.3f"),
-    })
-    st.caption("Same definitions as the table above; empty: not reached, or no GRPO run (pruner none, budget "
+        "cpu_step_speedup", "auc", "seconds_per_step"]], formats={
+        "final_accuracy": ".3f", "time_to_target": ".1f", "target_speedup": ".2f×", "step_speedup": ".2f×",
+        "cpu_step_speedup": ".2f×", "auc": ".3f", "seconds_per_step": ".3f"}), hide_index=True, key="compare_table",
+        width="stretch")
+    st.caption("Same definitions as the table above; — : not reached, or no GRPO run (pruner none, budget "
                "fixed, same objective) with this seed among the chosen runs.")
 
     st.subheader("Time per phase")

@@ -154,7 +154,7 @@ def read_budget_matrix(store_dir: str | Path, run_id: str) -> pd.DataFrame:
 
 
 ROLLOUT_COLUMNS = [c.name for c in schema.STEP_KEY + schema.ROLLOUTS]
-DEFAULT_ROLLOUT_COLUMNS = [c for c in ROLLOUT_COLUMNS if c != "sketch"]
+DEFAULT_ROLLOUT_COLUMNS = [c for c in ROLLOUT_COLUMNS if c not in ("sketch", "tokens")]
 
 
 def _check_limit(limit: int | None) -> None:

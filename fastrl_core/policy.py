@@ -333,7 +333,9 @@ def _load_processor(path: str | Path):
     processor class rebuilt without a video processor."""
     image_processor = _pil_image_processor(path)
     try:
-        return AutoProcessor.from_pretrained(path, image_processor=image_processor)
+        processor = AutoProcessor.from_pretrained(path)
+        processor.image_processor = image_processor  # not a from_pretrained kwarg: 5.19 copies those into the tokenizer
+        return processor
     except (AttributeError, ImportError, TypeError, ValueError, OSError) as auto_error:
         tokenizer = AutoTokenizer.from_pretrained(path)
         processor_class = _processor_class(path)

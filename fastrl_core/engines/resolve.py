@@ -28,7 +28,7 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {
     "hf": EngineSpec(frozenset({"lm_head", "tokens"}), same_numerics=True, needs_top_k=False, devices=None),
-    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), same_numerics=False, needs_top_k=True, devices=("cuda",)),
+    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), same_numerics=False, needs_top_k=True, devices=("cpu", "cuda")),
 }
 # sketch kinds the engine computes while sampling, from a random projection of the policy's output layer
 PROJECTED_SKETCHES = frozenset({"lm_head", "logprob"})

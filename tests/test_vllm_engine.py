@@ -279,29 +279,80 @@ def _params(model):
     return {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
 
 
+@pytest.fixture(scope="module")
+def straight_run(vllm_engine, tmp_path_factory):
+    """`TRAIN` run straight through in-process on the shared LLM: (store, trainer)."""
+    from fastrl_core.trainer import Trainer
+
+    store = tmp_path_factory.mktemp("vllm-straight")
+    trainer = Trainer(_train_config(store), progress=False, engine_factory=_shared_engine(vllm_engine))
+    trainer.run()
+    vllm_engine.sync_weights(vllm_engine.policy.model)  # hand the shared LLM back with the fixture's weights
+    return store, trainer
+
+
 @needs_vllm
-def test_real_vllm_trains_evaluates_and_resumes_exactly(vllm_engine, tmp_path):
+def test_real_vllm_trains_evaluates_and_resumes_exactly(vllm_engine, straight_run, tmp_path):
     from fastrl_core.store import read_evals, read_steps
     from fastrl_core.trainer import Trainer
 
+    store, straight = straight_run
     factory = _shared_engine(vllm_engine)
-    straight = Trainer(_train_config(tmp_path / "a"), progress=False, engine_factory=factory)
-    straight.run()
-    first = Trainer(_train_config(tmp_path / "b"), progress=False, engine_factory=factory)
+    first = Trainer(_train_config(tmp_path), progress=False, engine_factory=factory)
     first.train_step()
     first.train_step()
     first.save_checkpoint()
-    resumed = Trainer(_train_config(tmp_path / "b"), resume=first.writer.run_id, progress=False,
-                      engine_factory=factory)
+    resumed = Trainer(_train_config(tmp_path), resume=first.writer.run_id, progress=False, engine_factory=factory)
     assert resumed.step == 2
     resumed.run()
+    vllm_engine.sync_weights(vllm_engine.policy.model)
     a, b = _params(straight.policy.model), _params(resumed.policy.model)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
-    steps_a = read_steps(tmp_path / "a", straight.writer.run_id)
-    steps_b = read_steps(tmp_path / "b", resumed.writer.run_id)
+    steps_a = read_steps(store, straight.writer.run_id)
+    steps_b = read_steps(tmp_path, resumed.writer.run_id)
     assert steps_a["step"].tolist() == steps_b["step"].tolist() == [0, 1, 2]
     assert steps_a["reward_mean"].tolist() == pytest.approx(steps_b["reward_mean"].tolist())
-    evals = read_evals(tmp_path / "a", straight.writer.run_id)
-    assert len(evals) >= 1  # evaluation (greedy) ran through vLLM
-    vllm_engine.sync_weights(vllm_engine.policy.model)  # hand the shared LLM back with the fixture's weights
+    assert len(read_evals(store, straight.writer.run_id)) >= 1  # evaluation (greedy) ran through vLLM
+
+
+@needs_vllm
+def test_fastrl_train_engine_vllm_killed_and_resumed_through_the_cli(straight_run, tmp_path):
+    """`fastrl train engine=vllm` in its own process (its own LLM), SIGKILLed after a checkpoint, then `--resume`d:
+    the run finishes with the straight in-process run's rewards (same machine, same seeds)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from fastrl_core.store import read_runs, read_steps
+
+    repo = Path(__file__).resolve().parent.parent
+    args = [sys.executable, "-m", "fastrl_core.cli", "train", "configs/embedded.yaml",
+            *[f"{key}={value}" for key, value in {**TRAIN, "store_dir": str(tmp_path)}.items()]]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    first = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and first.poll() is None:
+            checkpoints = list((tmp_path / "checkpoints").glob("*/"))
+            if checkpoints and (tmp_path / "runs").exists() and len(read_steps(tmp_path, checkpoints[0].name)) >= 1:
+                break
+            time.sleep(0.5)
+        assert first.poll() is None, f"the run ended before it could be killed:\n{first.stdout.read()[-3000:]}"
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
+    (run_id,) = read_runs(tmp_path)["run_id"]
+    assert read_runs(tmp_path).set_index("run_id").loc[run_id, "status"] != "finished"
+    resumed = subprocess.run([*args, "--resume", run_id], cwd=repo, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert read_runs(tmp_path).set_index("run_id").loc[run_id, "status"] == "finished"
+    store, straight = straight_run
+    steps = read_steps(tmp_path, run_id)
+    assert steps["step"].tolist() == [0, 1, 2]
+    assert steps["reward_mean"].tolist() == pytest.approx(
+        read_steps(store, straight.writer.run_id)["reward_mean"].tolist())

@@ -160,6 +160,13 @@ def set_cpu_environment(threads: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
+def restore_set_num_threads(threads: int) -> None:
+    """Undo vLLM-CPU's process-wide `torch.set_num_threads = <no-op>` (its CPU worker does it at start-up, also
+    for an LLM started by someone else, e.g. TRL's colocate mode) and set `threads`."""
+    torch.set_num_threads = torch._C.set_num_threads
+    torch.set_num_threads(threads)
+
+
 class VLLMEngine:
     """Samples rollouts with a colocated vLLM `LLM`; re-scores them with the HF model (`HFEngine`).
 
@@ -227,7 +234,6 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: tensors handed over
             defaults = dict(dtype="auto", gpu_memory_utilization=gpu_memory_utilization,
                             enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len)
-        set_num_threads = torch.set_num_threads  # vLLM-CPU's worker turns it into a no-op (module docstring)
         try:
             self.llm = vllm.LLM(
                 model=str(model_path),
@@ -238,8 +244,7 @@ class VLLMEngine:
                 **{**defaults, **llm_kwargs},
             )
         finally:
-            torch.set_num_threads = set_num_threads
-            torch.set_num_threads(threads)
+            restore_set_num_threads(threads)
         if self._checkpoint is None:
             self.sync_weights(policy.model)  # start from the in-memory weights, whatever the checkpoint holds
 
@@ -328,3 +333,26 @@ class VLLMEngine:
                                                          "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record of cached vision embeddings
+
+
+def reload_colocated_weights(generation) -> None:
+    """Make TRL's colocate-mode weight sync (`trl.generation.vllm_generation.VLLMGeneration.sync_weights`, TRL 1.16)
+    load through vLLM's `reload_weights`, as `VLLMEngine.sync_weights` does.
+
+    TRL's own sync calls the vLLM model's `load_weights` one parameter at a time, which fails on vLLM-CPU
+    (`'Parameter' object has no attribute 'weight_loader'`: its linear weights are repacked after loading), and
+    resets the prefix cache but not the encoder cache (stale vision embeddings for a re-submitted image). This
+    keeps TRL's parameter walk (`_iter_named_params`: gathered, PEFT-merged, vLLM names) and sleep-mode wake-up.
+    """
+    def sync_weights() -> None:
+        if generation.enable_sleep_mode:
+            generation.llm.wake_up(tags=["weights"])
+            generation._llm_weights_sleeping = False
+        weights = [(name, tensor.detach()) for name, tensor in generation._iter_named_params()]
+        generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                               "is_checkpoint_format": True})
+        generation.llm.reset_prefix_cache()
+        generation.llm.llm_engine.reset_encoder_cache()
+
+    restore_set_num_threads(torch.get_num_threads())  # TRL's LLM has started by now
+    generation.sync_weights = sync_weights

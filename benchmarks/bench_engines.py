@@ -19,8 +19,9 @@ Prints, per row: start-up s, median generate s, rollouts/s, completion tokens/s,
 HF engine's lm_head sketch and vLLM's logprob sketch (top-20 log-probs), each as the trainer asks for it.
 
 --profile (embedded size, vLLM only) times the same step under variants that isolate one cost each, on one LLM:
-seeded vs unseeded requests, n per request vs one request per rollout, top-K log-probs or none, the same images
-re-submitted (processor cache) vs after a cache reset, and a 1-token request (fixed per-call overhead); then the
+prompts prefilled once before their n rollouts (the engine's default) or not, seeded vs unseeded requests,
+n per request vs one request per rollout, top-K log-probs or none, the same images re-submitted (processor and
+encoder caches) vs after a cache reset, and a 1-token request (fixed per-call overhead); then the
 top functions of a cProfile of one generate. Pass --threads to compare thread counts (OMP_NUM_THREADS is set from it).
 """
 
@@ -139,19 +140,27 @@ def profile(args) -> dict:
         return engine._sampling_params(n=n, temperature=1.0, max_tokens=max_tokens, seed=seed, logprobs=logprobs,
                                        stop_token_ids=list(engine.eos_token_ids), logit_bias=engine._logit_bias)
 
+    def prefilled(run):
+        llm.reset_prefix_cache()
+        engine._prefill(requests)
+        return run()
+
     variants = {
-        "engine as trained (n per request, seeded, logprobs=0)": lambda: llm.generate(
-            requests, [params(args.rollouts, s) for s in seeds], use_tqdm=False),
-        "unseeded": lambda: llm.generate(requests, [params(args.rollouts, None) for _ in seeds], use_tqdm=False),
-        "top-20 log-probs (sketch)": lambda: llm.generate(
-            requests, [params(args.rollouts, s, logprobs=20) for s in seeds], use_tqdm=False),
-        "one request per rollout (n=1)": lambda: llm.generate(
+        "n per request, seeded, logprobs=0 (no prefill)": lambda: (llm.reset_prefix_cache(), llm.generate(
+            requests, [params(args.rollouts, s) for s in seeds], use_tqdm=False)),
+        "engine as trained (prompts prefilled once, then n)": lambda: prefilled(lambda: llm.generate(
+            requests, [params(args.rollouts, s) for s in seeds], use_tqdm=False)),
+        "prefilled, unseeded": lambda: prefilled(lambda: llm.generate(
+            requests, [params(args.rollouts, None) for _ in seeds], use_tqdm=False)),
+        "prefilled, top-20 log-probs (sketch)": lambda: prefilled(lambda: llm.generate(
+            requests, [params(args.rollouts, s, logprobs=20) for s in seeds], use_tqdm=False)),
+        "prefilled, one request per rollout (n=1)": lambda: prefilled(lambda: llm.generate(
             [r for r in requests for _ in range(args.rollouts)],
-            [params(1, s * args.rollouts + i) for s in seeds for i in range(args.rollouts)], use_tqdm=False),
-        "after prefix + encoder + mm cache reset": lambda: (llm.reset_prefix_cache(),
-                                                            llm.llm_engine.reset_encoder_cache(), llm.reset_mm_cache(),
-                                                            llm.generate(requests, [params(args.rollouts, s)
-                                                                                    for s in seeds], use_tqdm=False)),
+            [params(1, s * args.rollouts + i) for s in seeds for i in range(args.rollouts)], use_tqdm=False)),
+        "prefilled, after encoder + mm cache reset": lambda: (llm.llm_engine.reset_encoder_cache(),
+                                                              llm.reset_mm_cache(), prefilled(lambda: llm.generate(
+                                                                  requests, [params(args.rollouts, s) for s in seeds],
+                                                                  use_tqdm=False))),
         "1 prompt, n=1, 1 token (fixed overhead)": lambda: llm.generate(requests[:1], params(1, 0, max_tokens=1),
                                                                         use_tqdm=False),
         "16 prompts, n=1, 1 token (prefill + per-request)": lambda: llm.generate(
@@ -166,7 +175,7 @@ def profile(args) -> dict:
                 times[name].append(time.perf_counter() - start)
     profiler = cProfile.Profile()
     profiler.enable()
-    variants["engine as trained (n per request, seeded, logprobs=0)"]()
+    variants["engine as trained (prompts prefilled once, then n)"]()
     profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)

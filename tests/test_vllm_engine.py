@@ -243,6 +243,22 @@ def test_real_vllm_samples_with_images_and_its_logprobs_equal_the_hf_scorers(vll
 
 
 @needs_vllm
+def test_prefilling_each_prompt_once_changes_no_token_or_logprob(vllm_engine):
+    """share_prompts: each prompt is prefilled once into the prefix cache before its n rollouts (VLLMEngine._prefill);
+    without it every rollout prefills its own copy. Same samples either way."""
+    vllm_engine.llm.reset_prefix_cache()
+    shared = _sample(vllm_engine)
+    vllm_engine.share_prompts = False
+    try:
+        vllm_engine.llm.reset_prefix_cache()
+        alone = _sample(vllm_engine)
+    finally:
+        vllm_engine.share_prompts = True
+    assert torch.equal(shared.completion_ids, alone.completion_ids)
+    torch.testing.assert_close(shared.behaviour_logprobs, alone.behaviour_logprobs, rtol=0, atol=1e-5)
+
+
+@needs_vllm
 def test_real_vllm_follows_synced_weights_on_the_same_prompts_and_images(vllm_engine):
     """The encoder-cache case: without resetting vLLM's encoder cache after a sync, re-submitting the same images
     raised 'Encoder cache miss' on CPU (a GPU may reuse stale vision embeddings)."""

@@ -63,6 +63,8 @@ INSTALL_HINT = (
 CPU_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE default (GiB): enough for a few thousand short sequences at tiny width
 CPU_MAX_NUM_SEQS = 1024  # sequences per scheduler step: a whole step's rollouts (rollouts are children of a request)
 CPU_MIN_BATCHED_TOKENS = 65536  # tokens per scheduler step: every prompt of a step prefilled at once
+CPU_BLOCK_SIZE = 32  # KV-cache block (CPU attention needs a multiple of 32; vLLM-CPU's default 128 caches no block of a
+# ~80-token prompt, so rollouts of one prompt could not share its prefix: see `VLLMEngine.generate`)
 SUPPRESS_BIAS = -100.0  # vLLM clamps logit bias to [-100, 100]
 
 
@@ -149,7 +151,8 @@ def cpu_llm_defaults(max_model_len: int) -> dict:
     """`vllm.LLM` arguments for vLLM-CPU (NOTES §8): float32, eager, and one scheduler step for a whole step's
     prefill (no chunked prefill: seeded requests crash in it on CPU)."""
     return dict(dtype="float32", enforce_eager=True, enable_chunked_prefill=False, max_model_len=max_model_len,
-                max_num_seqs=CPU_MAX_NUM_SEQS, max_num_batched_tokens=max(CPU_MIN_BATCHED_TOKENS, max_model_len))
+                max_num_seqs=CPU_MAX_NUM_SEQS, max_num_batched_tokens=max(CPU_MIN_BATCHED_TOKENS, max_model_len),
+                block_size=CPU_BLOCK_SIZE, enable_prefix_caching=True)
 
 
 def set_cpu_environment(threads: int) -> None:
@@ -207,6 +210,7 @@ class VLLMEngine:
         self.temperature = temperature
         self.sketch_projection = sketch_projection
         self.sketch_top_k = sketch_top_k if sketch_projection is not None else 0
+        self.share_prompts = share_prompts
         self.on_cpu = next(policy.model.parameters()).device.type == "cpu"
         self.enable_sleep_mode = enable_sleep_mode and not self.on_cpu  # vLLM-CPU has no sleep mode
         self.eos_token_ids = self.scorer.eos_token_ids
@@ -300,10 +304,23 @@ class VLLMEngine:
         outputs = []
         if requested:
             self._awake_for_generation()
-            outputs = self.llm.generate([self._request(problems[p]) for p in requested], params, use_tqdm=False)
+            requests = [self._request(problems[p]) for p in requested]
+            if self.share_prompts and any(counts[p] > 1 for p in requested):
+                self._prefill(requests)
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
             self._sleep_after_generation()
         return rollouts_from_outputs(outputs, requested, pad_token_id=self.pad_token_id, top_k=self.sketch_top_k,
                                      projection=self.sketch_projection)
+
+    def _prefill(self, requests: list[dict]) -> None:
+        """Put each prompt's KV blocks in the prefix cache (one 1-token request per prompt) before its n rollouts are
+        sampled. vLLM fans a request with n > 1 out into n sequences scheduled in the same step, so none finds the
+        prompt cached and each prefills it; after this pass they share its cached blocks, as the HF engine's
+        share_prompts shares one KV cache per prompt. Same tokens and log-probs (the cache holds the same K/V);
+        on 2 CPU cores at the bench's size (16 prompts x 8 rollouts, block 32) generate took 0.3-0.5 s instead of
+        2.1-2.5 s (busy machine; benchmarks/bench_engines.py --profile)."""
+        warm = self._sampling_params(n=1, temperature=0.0, max_tokens=1, logit_bias=self._logit_bias or None)
+        self.llm.generate(requests, warm, use_tqdm=False)
 
     def greedy(self, problems: Sequence, *, batch_size: int = 256) -> list[str]:
         """Argmax-decoded completion text for each problem (`batch_size` prompts' images in memory at a time).

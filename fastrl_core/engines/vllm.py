@@ -316,9 +316,8 @@ class VLLMEngine:
         """Put each prompt's KV blocks in the prefix cache (one 1-token request per prompt) before its n rollouts are
         sampled. vLLM fans a request with n > 1 out into n sequences scheduled in the same step, so none finds the
         prompt cached and each prefills it; after this pass they share its cached blocks, as the HF engine's
-        share_prompts shares one KV cache per prompt. Same tokens and log-probs (the cache holds the same K/V);
-        on 2 CPU cores at the bench's size (16 prompts x 8 rollouts, block 32) generate took 0.3-0.5 s instead of
-        2.1-2.5 s (busy machine; benchmarks/bench_engines.py --profile)."""
+        share_prompts shares one KV cache per prompt. Same tokens and log-probs (the cache holds the same K/V;
+        tests/test_vllm_engine.py). What it saves: docs/gpu.md, "Where vLLM-CPU's generate time goes"."""
         warm = self._sampling_params(n=1, temperature=0.0, max_tokens=1, logit_bias=self._logit_bias or None)
         self.llm.generate(requests, warm, use_tqdm=False)
 

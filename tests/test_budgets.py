@@ -444,6 +444,7 @@ def test_trainer_fills_the_step_with_further_prompts_and_resumes_exactly(tmp_pat
     first.train_step()
     first.train_step()
     first.save_checkpoint()
+    first.writer.close()  # one writer per run: it lets go, as if killed
     resumed = Trainer(first.config, resume=first.writer.run_id, progress=False)
     assert resumed.cursor == 19
     resumed.run()

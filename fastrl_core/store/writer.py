@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
+from fastrl_core import faults
 from fastrl_core.store import layout, schema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -227,6 +228,7 @@ class RunWriter:
         layout.step_file(self.store_dir, self.run_id, "proj", step).unlink(missing_ok=True)
         for table in ("rollouts", "groups", "steps"):  # steps last: it makes the step visible
             layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step))
+            faults.reach(f"step.{table}_written" if table != "steps" else "step.written")
 
     def _write_images(self, step: int, images: dict[str, bytes]) -> None:
         """One file per step with the images this run uses for the first time, not a file per image (16 of them

@@ -168,14 +168,14 @@ def preflight(config: TrainConfig, resume: str | None) -> int | None:
     """What can be checked before any data set is generated or model loaded: the store folder can be made, the
     run name is usable, and a run to resume exists (and is not being written: its lock is taken and returned)."""
     store = Path(config.store_dir)
-    try:
-        (store / "runs").mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConfigError(f"store_dir={config.store_dir!r}: a file is in the way (the store must be a folder)") from None
-    except PermissionError:
-        raise ConfigError(f"store_dir={config.store_dir!r}: no permission to create it") from None
-    if not os.access(store, os.W_OK):
-        raise ConfigError(f"store_dir={config.store_dir!r}: not writable")
+    existing = store  # the store folder, or its nearest existing parent (nothing is created before the data checks)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == store else f"cannot be made: {str(existing)!r} is a file"
+        raise ConfigError(f"store_dir={config.store_dir!r} {where} (the store must be a folder)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"store_dir={config.store_dir!r}: no permission to write in {str(existing)!r}")
     if not config.run_name.strip():
         raise ConfigError(f"run_name={config.run_name!r} is empty; give a name (letters, digits, '.', '_', '-'; "
                           "a timestamp is appended for the run id)")

@@ -78,7 +78,7 @@ def _known_damaged(store_dir: Path, path: str) -> bool:
         entry = _damaged.get(_store_key(store_dir), {}).get(path)
     if entry is None:
         return False
-    if _stamp(path) == entry[0]:
+    if _stamp(path) == entry[0] and not (entry[0] is None and _step_vanished(path)):
         return True
     with _lock:
         _damaged.get(_store_key(store_dir), {}).pop(path, None)
@@ -486,19 +486,36 @@ def read_runs(store_dir: str | Path) -> pd.DataFrame:
     """One row per run: the runs columns plus headline metrics — last_step, steps, wall_time (s, of the last
     step), rollouts sampled/kept totals, kept_fraction, train_accuracy (last step), best/last eval accuracy on
     eval_split ("test" when the run has it, else its first split alphabetically), last_write (time of the last
-    steps file; a "running" run that stopped writing long ago has crashed)."""
+    steps file), heartbeat (the writer's last sign of life) and state (`run_state`: the status, or "no heartbeat"
+    for a "running" run whose writer died without a word). A run whose run.json is damaged is left out (noted in
+    damaged_files)."""
     store_dir = Path(store_dir)
-    run_ids = layout.list_runs(store_dir)
     names = [c.name for c in schema.RUNS] + RUN_SUMMARY_COLUMNS
-    if not run_ids:
-        return pd.DataFrame({name: [] for name in names})
-    rows = []
-    for run_id in run_ids:
-        meta = layout.read_run_json(store_dir, run_id)
+    rows, now = [], time.time()
+    for run_id in layout.list_runs(store_dir):
+        path = layout.run_dir(store_dir, run_id) / "run.json"
+        try:
+            meta = json.loads(path.read_text())
+            if not isinstance(meta, dict):
+                raise ValueError("not a JSON object")
+        except FileNotFoundError:
+            continue
+        except (ValueError, OSError) as error:
+            with _lock:
+                _damaged.setdefault(_store_key(store_dir), {})[str(path)] = (_stamp(str(path)),
+                                                                              " ".join(str(error).split())[:200])
+            continue
         row = {c.name: meta.get(c.name) for c in schema.RUNS}
+        row["run_id"] = run_id
         row["config"] = json.dumps(meta.get("config", {}))
+        heartbeat = _heartbeat(store_dir, run_id)
+        row |= {"heartbeat": None if heartbeat is None else pd.Timestamp(heartbeat, unit="s", tz="UTC"),
+                "state": run_state(str(meta.get("status")), heartbeat, now)}
         rows.append(row | _step_totals(store_dir, run_id))
+    if not rows:
+        return pd.DataFrame({name: [] for name in names})
     runs = pd.DataFrame(rows)
+    run_ids = runs["run_id"].tolist()
     runs["started"] = pd.to_datetime(runs["started"], utc=True, format="ISO8601")
     runs["finished"] = pd.to_datetime(runs["finished"], utc=True, format="ISO8601")
     runs = runs.merge(_eval_headlines(store_dir, run_ids), on="run_id", how="left")

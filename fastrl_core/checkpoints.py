@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastrl_core import faults
+from fastrl_core.store.layout import disk_full
 
 _STEP_DIR = re.compile(r"step_(\d{6,})")
 COMPLETE_MARKERS = ("trainer.pt", "budget.json")  # written last by every layout: a folder with both is whole
@@ -86,8 +87,11 @@ def save(run_root: Path, step: int, write: Callable[[Path], None]) -> Path:
             if final.exists():  # an incomplete folder of this step cannot exist (renames are whole), but be sure
                 shutil.rmtree(final)
             os.rename(tmp, final)
-        except BaseException:
+        except BaseException as error:
+            full = disk_full(run_root, error) if isinstance(error, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
+            if full is not None:
+                raise full from error
             raise
     faults.reach("checkpoint.renamed")
     pointer = run_root / "latest"

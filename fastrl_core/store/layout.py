@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -131,17 +132,50 @@ def _tmp(path: Path) -> Path:
 
 def write_parquet(table: pa.Table, path: Path) -> None:
     """Write `table` to `path` atomically (temp file, then rename). Not fsynced: survives a killed process,
-    not a power cut."""
+    not a power cut. On an error (a full disk) the temp file is removed."""
     tmp = _tmp(path)
     strings = [field.name for field in table.schema if pa.types.is_string(field.type)]  # floats don't repeat: no
-    pq.write_table(table, tmp, use_dictionary=strings)  # dictionary for them (benchmarks/bench_store.py (a))
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp, use_dictionary=strings)  # dictionary for them (benchmarks/bench_store.py (a))
+        os.replace(tmp, path)
+    except BaseException as error:
+        _discard(tmp, error)
+        raise
 
 
 def write_bytes(data: bytes, path: Path) -> None:
     tmp = _tmp(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException as error:
+        _discard(tmp, error)
+        raise
+
+
+def disk_full(path: Path, error: BaseException) -> OSError | None:
+    """An OSError(ENOSPC) naming `path`'s disk when `error` came from it being full (under 1 MiB free; the writing
+    libraries word it their own way: torch.save "unexpected pos", safetensors "StorageFull", Arrow an IOError),
+    else None. Call it before deleting what the failed write left, which frees space."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return None  # says so already
+    try:
+        free = shutil.disk_usage(path if os.path.isdir(path) else os.path.dirname(path) or ".").free
+    except OSError:
+        return None
+    if free >= 1 << 20:
+        return None
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return OSError(errno.ENOSPC, f"No space left on device writing {str(path)!r} ({free} bytes free; "
+                   f"{type(error).__name__}: {first[:160]})")
+
+
+def _discard(tmp: Path, error: BaseException) -> None:
+    """Remove a failed write's temp file; turn a full disk's error into OSError(ENOSPC)."""
+    full = disk_full(tmp.parent, error) if isinstance(error, Exception) else None
+    tmp.unlink(missing_ok=True)
+    if full is not None:
+        raise full from error
 
 
 def write_json(obj: dict, path: Path) -> None:

@@ -130,10 +130,13 @@ def verify(store: Path, run_id: str, reference: list[float] | None) -> dict:
     }
 
 
-def kill_trial(store: Path, index: int, rng: random.Random, duration: float, reference: list[float]) -> dict:
+def kill_trial(store: Path, index: int, rng: random.Random, duration: float, reference: list[float],
+               points: tuple[str, ...] = faults.POINTS) -> dict:
+    """Trial `index`: even ones kill at a named point (`points` in turn, a random visit of it), odd ones after a
+    random delay; then resume (killed again at random, 1 in 3) until the run finishes, and verify."""
     name = f"trial-{index}"
-    if index % 2 == 0:  # named points in turn, a random visit of each
-        point = faults.POINTS[(index // 2) % len(faults.POINTS)]
+    if index % 2 == 0:
+        point = points[(index // 2) % len(points)]
         kill = f"{point}:{rng.randint(1, VISITS[point])}"
         rc, _ = launch(train_command(store, name), kill_at=kill)
     else:
@@ -142,7 +145,10 @@ def kill_trial(store: Path, index: int, rng: random.Random, duration: float, ref
     if rc not in (0, -9):
         raise RuntimeError(f"{name}: training failed ({rc}) instead of being killed")
     run_id = run_id_of(store, name)
-    kills, landed = (1, [where_it_landed(store, run_id)]) if rc != 0 else (0, ["after the run finished"])
+    if rc == 0:
+        kills, landed = 0, ["after the run finished"]
+    else:
+        kills, landed = 1, [f"at {kill.split(':')[0]}" if ":" in kill else where_it_landed(store, run_id)]
     reader_errors = readers_open(store)
     damaged = len(check_store(store))
     launches = 1
@@ -193,7 +199,8 @@ def disk_full_trial(workdir: Path, reference_size: int, reference: list[float]) 
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def run_campaign(trials: int, seed: int, workdir: Path, *, disk_full: bool = True) -> dict:
+def run_campaign(trials: int, seed: int, workdir: Path, *, disk_full: bool = True,
+                 points: tuple[str, ...] = faults.POINTS) -> dict:
     rng = random.Random(seed)
     reference_store = workdir / "reference"
     start = time.time()
@@ -205,7 +212,7 @@ def run_campaign(trials: int, seed: int, workdir: Path, *, disk_full: bool = Tru
     reference = read_steps(reference_store, reference_id)["reward_mean"].tolist()
     size = sum(p.stat().st_size for p in reference_store.rglob("*") if p.is_file())
     store = workdir / "store"
-    results = [kill_trial(store, i, rng, duration, reference) for i in range(trials)]
+    results = [kill_trial(store, i, rng, duration, reference, points) for i in range(trials)]
     figures = {
         "runs": len(results), "kills": sum(r["kills"] for r in results),
         "landed": dict(collections.Counter(where for r in results for where in r["landed"])),

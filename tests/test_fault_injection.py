@@ -20,9 +20,10 @@ def _campaign_module():
 @pytest.mark.slow
 def test_kills_and_a_full_disk_lose_nothing(tmp_path):
     campaign = _campaign_module()
-    figures = campaign.run_campaign(trials=4, seed=1, workdir=tmp_path)
+    points = ("checkpoint.policy_written", "step.groups_written", "checkpoint.renamed")  # mid-save, mid-step, swap
+    figures = campaign.run_campaign(trials=6, seed=1, workdir=tmp_path, points=points)
     print(campaign.report(figures))
-    assert figures["kills"] >= 3
+    assert figures["kills"] >= 4 and set(figures["named_points"]) == set(points)
     assert figures["steps_lost"] == figures["steps_doubled"] == 0
     assert figures["evals_lost"] == figures["evals_doubled"] == 0
     assert figures["rollouts_mismatched"] == 0 and figures["finished"] == figures["runs"]

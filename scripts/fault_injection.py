@@ -233,8 +233,8 @@ def run_campaign(trials: int, seed: int, workdir: Path, *, disk_full: bool = Tru
 
 
 def report(figures: dict) -> str:
-    lines = [f"runs {figures['runs']}, kills {figures['kills']} (SIGKILL), all resumed: {figures['finished']} finished, "
-             f"{figures['exact']} identical to the uninterrupted run",
+    lines = [f"runs {figures['runs']}, kills {figures['kills']} (SIGKILL), all resumed: {figures['finished']} "
+             f"finished, {figures['exact']} identical to the uninterrupted run",
              "kills landed: " + ", ".join(f"{where} {n}" for where, n in sorted(figures["landed"].items())),
              f"named points hit: {', '.join(figures['named_points'])}",
              f"steps lost {figures['steps_lost']}, doubled {figures['steps_doubled']}; evaluations lost "

@@ -16,7 +16,6 @@ import time
 import zlib
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from fastrl_core import checkpoints
@@ -208,8 +207,8 @@ def test_a_checkpoint_swap_always_leaves_one_complete_checkpoint(tmp_path):
 
 def _damage(store: Path, run_id: str) -> dict[str, Path]:
     run_dir = layout.run_dir(store, run_id)
-    files = {"steps": run_dir / "steps" / "step_000001.parquet", "rollouts": run_dir / "rollouts" / "step_000002.parquet",
-             "groups": run_dir / "groups" / "step_000003.parquet", "images": run_dir / "images" / "step_000000.parquet"}
+    files = {table: run_dir / table / f"step_{step:06d}.parquet"
+             for table, step in (("steps", 1), ("rollouts", 2), ("groups", 3), ("images", 0))}
     data = files["steps"].read_bytes()
     files["steps"].write_bytes(data[: len(data) // 2])  # truncated
     data = files["rollouts"].read_bytes()
@@ -273,7 +272,7 @@ def test_a_copied_store_reads_its_own_files(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(original, copy)
     shutil.rmtree(original)
-    with duckdb.connect(str(copy / "store.duckdb"), read_only=True, config={"file_search_path": str(copy)}) as con:
+    with layout.open_views(copy) as con:
         assert con.sql("SELECT count(*) FROM steps").fetchall() == [(3,)]
     done = subprocess.run([sys.executable, "-c", "import duckdb; print(duckdb.connect('store.duckdb', "
                            "read_only=True).sql('SELECT count(*) FROM rollouts').fetchall())"],

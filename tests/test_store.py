@@ -141,7 +141,7 @@ def test_images_are_stored_once_per_run_in_one_file_per_step(tmp_path):
     writer.write_step(0, **rewrite)
     assert sorted(p.name for p in images.iterdir()) == ["step_000000.parquet"]
     assert [store.read_image(tmp_path, store.image_key(png)) for png in (PNG_A, PNG_B, png_c)] == [PNG_A, PNG_B, png_c]
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True, config={"file_search_path": str(tmp_path)}) as con:  # the live view, for plain SQL
+    with layout.open_views(tmp_path) as con:  # the live view, for plain SQL
         assert con.sql("SELECT count(*), count(DISTINCT image_ref) FROM images").fetchall() == [(3, 3)]
 
     other = new_writer(tmp_path, name="other")  # each run stores its own images
@@ -166,7 +166,7 @@ def test_empty_run_and_store_read_as_empty_frames(tmp_path):
     meta, sketches = store.read_sketches(tmp_path, run_id)
     assert meta.empty and sketches.shape == (0, 0)
     assert store.read_runs(tmp_path).iloc[0]["steps"] == 0
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True, config={"file_search_path": str(tmp_path)}) as con:  # seeds: views bind before step 0
+    with layout.open_views(tmp_path) as con:  # seeds: views bind before step 0
         assert con.sql("SELECT count(*) FROM rollouts").fetchall() == [(0,)]
         assert con.sql("SELECT run_id, status, config->>'$.pruner.name' FROM runs").fetchall() == [
             (run_id, "running", "fastrl")]
@@ -184,7 +184,7 @@ def test_a_step_without_its_steps_row_is_invisible(tmp_path):
     assert set(store.read_rollouts(tmp_path, writer.run_id)["step"]) == {0}
     assert set(store.read_groups(tmp_path, writer.run_id)["step"]) == {0}
     assert len(store.read_sketches(tmp_path, writer.run_id)[1]) == 5
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True, config={"file_search_path": str(tmp_path)}) as con:
+    with layout.open_views(tmp_path) as con:
         assert con.sql("SELECT count(*), max(step) FROM rollouts").fetchall() == [(5, 0)]
         assert con.sql("SELECT count(*) FROM groups").fetchall() == [(2,)]
 
@@ -468,7 +468,7 @@ def test_several_runs_in_one_store(tmp_path):
     assert sorted(both.groupby("run_id").size().tolist()) == [2, 3]
     assert both.set_index("run_id").loc[fastrl.run_id, "reward_mean"].tolist() == pytest.approx([1.9, 1.9])
     assert len(store.read_evals(tmp_path, [baseline.run_id, fastrl.run_id])) == 2
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True, config={"file_search_path": str(tmp_path)}) as con:
+    with layout.open_views(tmp_path) as con:
         assert sorted(con.sql("SELECT run_id, count(*) FROM rollouts GROUP BY run_id").fetchall()) == sorted(
             [(baseline.run_id, 15), (fastrl.run_id, 10)])
 

@@ -269,6 +269,12 @@ def _view_sql(store_dir: Path) -> list[str]:
     ]
 
 
+def open_views(store_dir: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to `store.duckdb` whose relative paths resolve in `store_dir`, from any directory."""
+    store_dir = Path(store_dir).resolve()
+    return duckdb.connect(str(store_dir / "store.duckdb"), read_only=True, config={"file_search_path": str(store_dir)})
+
+
 def init_store(store_dir: Path) -> None:
     """Create the directory layout, the zero-row seed files and `store.duckdb`.
 

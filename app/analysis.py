@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fastrl_core.store import run_state
+from fastrl_core.store.layout import STALE_AFTER_S
+
 REASON_TEXT = {
     "KEPT": "kept for the update",
     "ZERO_ADVANTAGE": "advantage 0: no policy gradient, pruning it is free",
@@ -37,14 +40,12 @@ def reason_text(reason: object) -> str:
     return REASON_TEXT.get(str(reason).upper(), reason_label(reason))
 
 
-def run_status(run: pd.Series, now: pd.Timestamp, stale_after_s: float = 300.0) -> str:
-    """"running", "finished", "failed", "stopped", or "stalled" for a running run with no step for a while."""
-    status = str(run["status"])
-    last = run.get("last_write")
-    if status == "running" and last is not None and not pd.isna(last):
-        if (now - pd.Timestamp(last)).total_seconds() > stale_after_s:
-            return "stalled"
-    return status
+def run_status(run: pd.Series, now: pd.Timestamp, stale_after_s: float = STALE_AFTER_S) -> str:
+    """"running", "finished", "failed", "stopped", or "no heartbeat" for a "running" run whose writer has not touched
+    its heartbeat for `stale_after_s` (killed without a word; `fastrl_core.store.run_state`)."""
+    heartbeat = run.get("heartbeat")
+    seconds = None if heartbeat is None or pd.isna(heartbeat) else pd.Timestamp(heartbeat).timestamp()
+    return run_state(str(run["status"]), seconds, now.timestamp(), stale_after_s)
 
 
 def train_accuracy(steps: pd.DataFrame, window: int = 5) -> pd.DataFrame:

@@ -23,8 +23,8 @@ from fastrl_core import metrics, store
 from fastrl_core.store import PHASES
 
 __all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
-           "budget_matrix", "questions", "tokens", "sketches", "image_bytes", "image_data_url", "sketch_map", "project", "comparison",
-           "has_sampled"]
+           "budget_matrix", "questions", "tokens", "sketches", "image_bytes", "image_data_url", "sketch_map", "project",
+           "comparison", "has_sampled", "damage_notice"]
 
 
 def store_dir() -> Path:
@@ -239,3 +239,20 @@ def project(run_id: str, meta: pd.DataFrame, matrix: np.ndarray) -> Projection:
         return Projection(xy, "stored", 0, "Map coordinates computed by the trainer and stored with the run.")
     ids = list(zip(meta["step"].tolist(), meta["rollout_id"].tolist()))
     return sketch_map().project((_key(), run_id), ids, matrix)
+
+
+def damage_notice() -> None:
+    """A warning naming the damaged store files the readers skipped ("1 damaged steps file skipped: ..."), if any;
+    `fastrl store check --quarantine` moves them aside."""
+    damaged = store.damaged_files(_key())
+    if not damaged:
+        return
+    by_kind: dict[str, list[str]] = {}
+    for path in damaged:
+        parts = Path(path).parts
+        kind = parts[-2] if len(parts) >= 2 and parts[-2] in store.layout.TABLE_DIRS else Path(path).name
+        by_kind.setdefault(kind, []).append(path)
+    lines = [f"{len(paths)} damaged {kind} file{'s' if len(paths) > 1 else ''} skipped: {', '.join(paths[:3])}"
+             + (" ..." if len(paths) > 3 else "") for kind, paths in by_kind.items()]
+    st.warning("  \n".join(lines) + "  \n`fastrl store check <store> --quarantine` moves them aside.",
+               icon=":material/warning:")

@@ -30,6 +30,7 @@ def streamlit_command(store_dir: Path, *, port: int, address: str) -> list[str]:
         "--server.fileWatcherType", "none",
         "--server.runOnSave", "false",
         "--browser.gatherUsageStats", "false",
+        "--client.showErrorDetails", "none",  # an error shows as one generic line: no traceback, no paths
         "--", "--store", str(Path(store_dir).resolve()),
     ]
 

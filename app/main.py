@@ -8,6 +8,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from app import data
+
 PAGES = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="FastRL", page_icon=":material/bolt:", layout="wide")
@@ -22,3 +24,4 @@ navigation = st.navigation([
     st.Page(PAGES / "demo.py", title="Demo", icon=":material/slideshow:", url_path="demo"),
 ])
 navigation.run()
+data.damage_notice()  # the damaged store files the page's reads skipped, named

@@ -10,7 +10,7 @@ from app import analysis, data
 LIVE_EVERY = "2s"  # fragment refresh interval while a run is writing steps
 STATUS_ICON = {"running": ":green[:material/play_circle:]", "finished": ":material/check_circle:",
                "failed": ":red[:material/error:]", "stopped": ":material/stop_circle:",
-               "stalled": ":orange[:material/warning:]"}  # markdown only (no emoji font needed)
+               "no heartbeat": ":orange[:material/warning:]"}  # markdown only (no emoji font needed)
 
 
 def now() -> pd.Timestamp:
@@ -111,6 +111,11 @@ def run_caption(run: pd.Series, *, refreshing: bool = False) -> None:
             f"model `{run['model']}` · data `{run['dataset']}`")
     if state == "running" and refreshing:
         text += f" · this page refreshes every {LIVE_EVERY}"
+    elif state == "no heartbeat":
+        text += " · its trainer stopped without a word (killed?): `fastrl train ... --resume` continues it"
+    error = run.get("error")
+    if state in ("failed", "stopped") and isinstance(error, str) and error:
+        text += f" · {error}"
     st.caption(text)
 
 

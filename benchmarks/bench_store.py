@@ -130,7 +130,7 @@ def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
 
     def view(sql: str):
         def run():
-            with duckdb.connect(database, read_only=True) as con:
+            with duckdb.connect(database, read_only=True, config={"file_search_path": str(root)}) as con:
                 return con.sql(sql).df()
         return run
 

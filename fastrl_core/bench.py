@@ -122,42 +122,20 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> d
 
 
 def train_interleaved(configs: dict[str, TrainConfig], log=print) -> dict[str, str]:
-    """Train one seed's methods round-robin, one `train_step()` each in turn, the order rotated every round;
-    returns method -> run id.
-
-    The loop of `Trainer.run` with the methods side by side: evaluation at step 0 and every `eval_every` steps (not
-    timed), checkpoints every `checkpoint_every` steps and at the end, the `time_limit_s` stop, a last evaluation,
-    then the run is marked finished."""
+    """Train one seed's methods round-robin with `run_loop.run_interleaved` (the loop of `Trainer.run`, one
+    `train_step()` each in turn, the order rotated every round); returns method -> run id. Logs a line at each
+    evaluation."""
+    from fastrl_core.run_loop import run_interleaved
     from fastrl_core.trainer import Trainer
 
-    trainers = {method: Trainer(config, progress=False) for method, config in configs.items()}
-    for trainer in trainers.values():
-        if trainer.config.eval_every:
-            trainer.evaluate()
-    active = dict(trainers)
-    rounds = 0
-    while active:
-        names = list(active)
-        shift = rounds % len(names)  # rotate: no method always runs first or after the same neighbour
-        rounds += 1
-        for method in names[shift:] + names[:shift]:
-            trainer = active[method]
+    def on_step(method: str, trainer: Trainer, row: dict, accuracy: float | None) -> None:
+        if accuracy is not None:
             config = trainer.config
-            if trainer.step >= config.steps or (config.time_limit_s and trainer.train_seconds >= config.time_limit_s):
-                if config.eval_every and trainer.step % config.eval_every:
-                    trainer.evaluate()
-                trainer.save_checkpoint()
-                trainer.writer.finish()
-                del active[method]
-                continue
-            trainer.train_step()
-            if config.eval_every and trainer.step % config.eval_every == 0:
-                accuracy = trainer.evaluate()["accuracy"]
-                log(f"  seed {config.seed} {method}: step {trainer.step}/{config.steps} "
-                    f"train {trainer.train_seconds:.1f} s, test accuracy {accuracy:.3f}")
-            if config.checkpoint_every and trainer.step % config.checkpoint_every == 0:
-                trainer.save_checkpoint()
-    return {method: trainer.writer.run_id for method, trainer in trainers.items()}
+            log(f"  seed {config.seed} {method}: step {trainer.step}/{config.steps} "
+                f"train {trainer.train_seconds:.1f} s, test accuracy {accuracy:.3f}")
+
+    trainers = {method: Trainer(config, progress=False) for method, config in configs.items()}
+    return run_interleaved(trainers, on_step=on_step)
 
 
 # ----------------------------------------------------------------------------------------------- report

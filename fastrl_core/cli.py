@@ -1,13 +1,15 @@
 """`fastrl` command line: train, eval, warmstart, data, store, app, demo, report, bench.
 
 Heavy modules are imported inside each command so `fastrl --help` stays instant. A user error (a bad config key,
-value or name, a missing file, a bad dataset row) prints one line naming what is wrong and exits with code 2;
-`--debug` (anywhere on the line) shows the traceback instead.
+value or name, a missing file, a bad dataset row, a run another process is writing, a full disk) prints one line
+naming what is wrong and exits with code 2; Ctrl-C or SIGTERM during training prints one line (the run is marked
+stopped and can be resumed) and exits with 130 / 143. `--debug` (anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -87,12 +89,20 @@ def _data(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> int:
-    from fastrl_core.store import compact, read_runs
+    from fastrl_core.store import compact, damaged_files, read_runs
 
     runs = [args.run] if args.run else read_runs(args.store_dir)["run_id"].tolist()
     for run_id in runs:
         print(f"{run_id}: {compact(args.store_dir, run_id)}")
+    for path, problem in damaged_files(args.store_dir).items():
+        print(f"skipped damaged file {path}: {problem}  (`fastrl store check --quarantine` moves it aside)")
     return 0
+
+
+def _store_check(args: argparse.Namespace) -> int:
+    from fastrl_core.store.check import run_check
+
+    return run_check(Path(args.store_dir), quarantine_files=args.quarantine)
 
 
 def _app(args: argparse.Namespace) -> int:
@@ -171,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("store_dir")
     c.add_argument("--run", default=None)
     c.set_defaults(func=_store)
+    c = store_commands.add_parser("check", help="list damaged store files (exit 1 if any); --quarantine moves them "
+                                  "to <store_dir>/quarantine/")
+    c.add_argument("store_dir")
+    c.add_argument("--quarantine", action="store_true")
+    c.set_defaults(func=_store_check)
 
     for name, func, text in (("app", _app, "serve the dashboard"),
                              ("demo", _demo, "train FastRL and GRPO interleaved (configs/demo.yaml) with the live "
@@ -204,8 +219,15 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean the user's input is wrong (their message says how), not that the code is."""
     from fastrl_core.config import ConfigError
     from fastrl_core.data.problems import DataError
+    from fastrl_core.store import RunLocked
 
-    return ConfigError, DataError, FileNotFoundError
+    return ConfigError, DataError, FileNotFoundError, RunLocked
+
+
+def _disk_full(error: BaseException) -> bool:
+    """A full disk, however the writing library words it (OSError errno 28, Arrow's and safetensors' texts)."""
+    return (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+        text in str(error) for text in ("No space left on device", "StorageFull", "Disk quota exceeded"))
 
 
 def one_line(error: BaseException) -> str:
@@ -228,8 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             args.overrides = [*args.overrides, *extra]
         return args.func(args)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM while training (run_loop.Stopped)
+        if debug:
+            raise
+        from fastrl_core.run_loop import Stopped
+
+        print(f"fastrl: {one_line(error) if isinstance(error, Stopped) else 'stopped by SIGINT (Ctrl-C)'}; a "
+              "training run is marked stopped and continues with --resume RUN_ID", file=sys.stderr)
+        return 143 if isinstance(error, Stopped) else 130
     except Exception as error:
-        if debug or not isinstance(error, _user_errors()):
+        if debug or not (isinstance(error, _user_errors()) or _disk_full(error)):
             raise
         print(f"fastrl: error: {one_line(error)}", file=sys.stderr)
         return 2

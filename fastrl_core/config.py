@@ -177,7 +177,10 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found")
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start})"
+                          ) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
     if not isinstance(loaded, dict):

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import re
-import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm.auto import tqdm
 
+from fastrl_core import checkpoints, faults
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
@@ -53,13 +53,14 @@ from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
 from fastrl_core.algo.sketches import make_projection, token_sketch
 from fastrl_core.checks import check_config, check_environment
-from fastrl_core.config import TrainConfig
+from fastrl_core.config import ConfigError, TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine, Rollouts
 from fastrl_core.engines.resolve import ENGINES, PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import RewardParts, score_completions
 from fastrl_core.store import RunWriter, StepResult, image_key, sampled_split, step_rows
+from fastrl_core.store import layout as store_layout
 
 if TYPE_CHECKING:
     from fastrl_core.algo.sketches import SketchProjection
@@ -151,6 +152,31 @@ class _KeptRows:
     multiplicity: torch.Tensor | None
 
 
+def preflight(config: TrainConfig, resume: str | None) -> int | None:
+    """What can be checked before any data set is generated or model loaded: the store folder can be made, the
+    run name is usable, and a run to resume exists (and is not being written: its lock is taken and returned)."""
+    store = Path(config.store_dir)
+    existing = store  # the store folder, or its nearest existing parent (nothing is created before the data checks)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == store else f"cannot be made: {str(existing)!r} is a file"
+        raise ConfigError(f"store_dir={config.store_dir!r} {where} (the store must be a folder)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"store_dir={config.store_dir!r}: no permission to write in {str(existing)!r}")
+    if not config.run_name.strip():
+        raise ConfigError(f"run_name={config.run_name!r} is empty; give a name (letters, digits, '.', '_', '-'; "
+                          "a timestamp is appended for the run id)")
+    if resume is None:
+        return None
+    if not isinstance(resume, str) or not store_layout.RUN_ID.fullmatch(resume) or not (
+            store_layout.run_dir(store, resume) / "run.json").is_file():
+        known = store_layout.list_runs(store)
+        raise ConfigError(f"--resume {resume!r}: no such run in store {config.store_dir!r} ("
+                          + (f"runs: {', '.join(known[-5:])}" if known else "it has no runs") + ")")
+    return store_layout.lock_run(store, resume)
+
+
 def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
     from fastrl_core.data.problems import load_problems
 
@@ -194,11 +220,20 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, resume: str | None = None, progress: bool = True,
                  policy: Policy | None = None, engine_factory: EngineFactory | None = None) -> None:
+        config = check_config(config)  # also for a TrainConfig built in code; resolves the auto values
+        check_environment(config)
+        lock = preflight(config, resume)  # before the data set is generated or a model loads
+        try:
+            self._build(config, resume, lock, progress, policy, engine_factory)
+        except BaseException:
+            store_layout.unlock_run(lock)
+            raise
+
+    def _build(self, config: TrainConfig, resume: str | None, lock: int | None, progress: bool,
+               policy: Policy | None, engine_factory: EngineFactory | None) -> None:
         from fastrl_core.evaluate import evaluate_with
         from fastrl_core.policy import load_policy
 
-        config = check_config(config)  # also for a TrainConfig built in code; resolves the auto values
-        check_environment(config)
         self.config, self.progress, self._evaluate = config, progress, evaluate_with
         torch.set_num_threads(config.threads)
         self.train_set, self.test_set = load_datasets(config)
@@ -230,9 +265,12 @@ class Trainer:
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
         if resume:
-            self._load_checkpoint(Path(config.store_dir) / "checkpoints" / resume)
-            # steps written after the checkpoint are dropped: the resumed run rewrites them exactly
-            self.writer = RunWriter.resume(config.store_dir, resume, from_step=self.step)
+            found = checkpoints.find_latest(checkpoints.root(config.store_dir, resume))
+            if found is not None:
+                self._load_checkpoint(found)
+            # steps written after the checkpoint (all of them without one: the run restarts from its initial state)
+            # are dropped, and the resumed run rewrites them exactly
+            self.writer = RunWriter.resume(config.store_dir, resume, from_step=self.step, lock_fd=lock)
         else:
             self.writer = RunWriter(config.store_dir, name=config.run_name, config=asdict(config), **store_meta)
         self.engine.sync_weights(model)  # an engine with its own weights starts from the (loaded) policy's
@@ -440,6 +478,7 @@ class Trainer:
                                      generator=torch.Generator().manual_seed(config.seed))
             self._write_eval(sampled_split(config.test_split), sampled)
             result = {**result, "sampled_accuracy": sampled["accuracy"]}
+        faults.reach("eval.written")
         return result
 
     def _write_eval(self, split: str, result: dict) -> None:
@@ -449,55 +488,32 @@ class Trainer:
                                wall_time=self.train_seconds, **per_kind)
 
     def run(self) -> str:
-        config = self.config
-        if self.step == 0 and config.eval_every:
-            self.evaluate()
-        bar = tqdm(total=config.steps, initial=self.step, disable=not self.progress, desc=config.run_name,
-                   dynamic_ncols=True)
-        last_eval = None
-        while self.step < config.steps:
-            if config.time_limit_s and self.train_seconds >= config.time_limit_s:
-                break
-            row = self.train_step()
-            if config.eval_every and self.step % config.eval_every == 0:
-                last_eval = self.evaluate()["accuracy"]
-            if config.checkpoint_every and self.step % config.checkpoint_every == 0:
-                self.save_checkpoint()
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", acc=f"{row['accuracy']:.2f}",
-                            kept=f"{row['rollouts_kept'] / row['rollouts_sampled']:.2f}",
-                            n=f"{row['rollouts_per_prompt']:.1f}",
-                            **({"test": f"{last_eval:.3f}"} if last_eval is not None else {}))
-        bar.close()
-        if config.eval_every and self.step % config.eval_every:
-            self.evaluate()
-        self.save_checkpoint()
-        self.writer.finish()
-        return self.writer.run_id
+        """Train to `config.steps` (or the time limit) with evaluations and checkpoints; returns the run id. The loop
+        is `run_loop.run_interleaved` over this one run: Ctrl-C / SIGTERM mark the run stopped, an error failed."""
+        from fastrl_core.run_loop import run_interleaved
+
+        return run_interleaved({self.config.run_name: self}, progress=self.progress)[self.config.run_name]
 
     # ---------------------------------------------------------------- checkpoints
     @property
     def checkpoint_dir(self) -> Path:
-        return Path(self.config.store_dir) / "checkpoints" / self.writer.run_id
+        """This run's checkpoints folder (`fastrl_core.checkpoints`: one complete step folder, swapped atomically)."""
+        return checkpoints.root(self.config.store_dir, self.writer.run_id)
 
     def save_checkpoint(self) -> Path:
-        """Model, optimiser, budget state and step; written to a temp dir and renamed (never half-written)."""
+        """Model, optimiser, budget state and step, as one checkpoint swapped in atomically (a kill at any instant
+        leaves the old one or the new one whole); returns its folder."""
         from fastrl_core.policy import save_policy
 
-        final = self.checkpoint_dir
-        tmp = final.with_name(final.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        save_policy(self.policy, tmp / "policy")
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step, "train_seconds": self.train_seconds,
-                    "python_random": random.getstate(), "pass_costs": self.pass_costs, "cursor": self.cursor},
-                   tmp / "trainer.pt")
-        (tmp / "budget.json").write_text(json.dumps(self.budget_state))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        return final
+        def write(folder: Path) -> None:
+            save_policy(self.policy, folder / "policy")
+            faults.reach("checkpoint.policy_written")
+            torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
+                        "train_seconds": self.train_seconds, "python_random": random.getstate(),
+                        "pass_costs": self.pass_costs, "cursor": self.cursor}, folder / "trainer.pt")
+            (folder / "budget.json").write_text(json.dumps(self.budget_state))  # last: it marks the folder whole
+
+        return checkpoints.save(self.checkpoint_dir, self.step, write)
 
     def _load_checkpoint(self, path: Path) -> None:
         from fastrl_core.policy import load_policy
@@ -516,5 +532,6 @@ class Trainer:
 
 
 def train(config: TrainConfig, *, resume: str | None = None, progress: bool = True) -> str:
-    """Train with `config` (or resume run `resume` from its last checkpoint); returns the run id."""
+    """Train with `config` (or resume run `resume` from its last checkpoint, or from its initial state when it was
+    killed before its first checkpoint); returns the run id."""
     return Trainer(config, resume=resume, progress=progress).run()

@@ -141,13 +141,14 @@ def test_images_are_stored_once_per_run_in_one_file_per_step(tmp_path):
     writer.write_step(0, **rewrite)
     assert sorted(p.name for p in images.iterdir()) == ["step_000000.parquet"]
     assert [store.read_image(tmp_path, store.image_key(png)) for png in (PNG_A, PNG_B, png_c)] == [PNG_A, PNG_B, png_c]
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:  # the live view, for plain SQL
+    with layout.open_views(tmp_path) as con:  # the live view, for plain SQL
         assert con.sql("SELECT count(*), count(DISTINCT image_ref) FROM images").fetchall() == [(3, 3)]
 
     other = new_writer(tmp_path, name="other")  # each run stores its own images
     with pytest.raises(ValueError, match=f"rollouts row 0: key 'image_ref' '{REF_A}' is neither in images nor stored "
                                          "by this run"):
         other.write_step(0, **later)
+    writer.close()  # one writer per run: the first lets go (as if killed)
     store.RunWriter.resume(tmp_path, writer.run_id).write_step(3, **later)  # the resumed run knows its images
     store.RunWriter.resume(tmp_path, writer.run_id, from_step=0)  # dropping step 0 drops the images it stored
     assert not images.exists() or not any(images.iterdir())
@@ -165,7 +166,7 @@ def test_empty_run_and_store_read_as_empty_frames(tmp_path):
     meta, sketches = store.read_sketches(tmp_path, run_id)
     assert meta.empty and sketches.shape == (0, 0)
     assert store.read_runs(tmp_path).iloc[0]["steps"] == 0
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:  # seeds: views bind before step 0
+    with layout.open_views(tmp_path) as con:  # seeds: views bind before step 0
         assert con.sql("SELECT count(*) FROM rollouts").fetchall() == [(0,)]
         assert con.sql("SELECT run_id, status, config->>'$.pruner.name' FROM runs").fetchall() == [
             (run_id, "running", "fastrl")]
@@ -183,7 +184,7 @@ def test_a_step_without_its_steps_row_is_invisible(tmp_path):
     assert set(store.read_rollouts(tmp_path, writer.run_id)["step"]) == {0}
     assert set(store.read_groups(tmp_path, writer.run_id)["step"]) == {0}
     assert len(store.read_sketches(tmp_path, writer.run_id)[1]) == 5
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:
+    with layout.open_views(tmp_path) as con:
         assert con.sql("SELECT count(*), max(step) FROM rollouts").fetchall() == [(5, 0)]
         assert con.sql("SELECT count(*) FROM groups").fetchall() == [(2,)]
 
@@ -469,7 +470,7 @@ def test_several_runs_in_one_store(tmp_path):
     assert sorted(both.groupby("run_id").size().tolist()) == [2, 3]
     assert both.set_index("run_id").loc[fastrl.run_id, "reward_mean"].tolist() == pytest.approx([1.9, 1.9])
     assert len(store.read_evals(tmp_path, [baseline.run_id, fastrl.run_id])) == 2
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:
+    with layout.open_views(tmp_path) as con:
         assert sorted(con.sql("SELECT run_id, count(*) FROM rollouts GROUP BY run_id").fetchall()) == sorted(
             [(baseline.run_id, 15), (fastrl.run_id, 10)])
 
@@ -506,9 +507,11 @@ def test_resume_from_step_drops_later_steps_evals_and_partial_files(tmp_path):
         writer.write_step(step, **tiny_step())
         writer.write_eval(step, "test", 0.1 * step, 8)
     layout.step_file(tmp_path, writer.run_id, "steps", 3).unlink()  # killed mid-step 3: rollouts/groups remain
+    writer.close()
     resumed = store.RunWriter.resume(tmp_path, writer.run_id, from_step=2)  # last checkpoint: after step 1
     assert store.read_steps(tmp_path, writer.run_id)["step"].tolist() == [0, 1]
-    assert store.read_evals(tmp_path, writer.run_id)["step"].tolist() == [0, 1]
+    # the evaluation at step 2 was written before the checkpoint (taken at step 2, after step 1) and is not redone
+    assert store.read_evals(tmp_path, writer.run_id)["step"].tolist() == [0, 1, 2]
     run_dir = layout.run_dir(tmp_path, writer.run_id)
     assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_000000.parquet", "step_000001.parquet"]
     resumed.write_step(2, **tiny_step(offset=1.0))

@@ -75,14 +75,13 @@ def check_visible_steps(root: str, run_id: str, *, live: bool = False) -> list[i
 def _poll(root: str, run_id: str, done: str, result: str) -> None:
     """Reader process: every ~50 ms check the live run, until the writer is done; then one last poll."""
     errors, seen, polls, view_polls = [], set(), 0, 0
-    database = os.path.join(root, "store.duckdb")
     while True:
         finished = os.path.exists(done)
         try:
             seen.add(len(check_visible_steps(root, run_id, live=True)))
             store.read_budget_matrix(root, run_id)
             store.read_runs(root)
-            with duckdb.connect(database, read_only=True) as con:  # the views, as `duckdb -readonly` would
+            with store.layout.open_views(root) as con:  # the views, as `duckdb -readonly` would
                 con.sql("SELECT count(*) FROM rollouts").fetchall()
             view_polls += 1
         except Exception as error:  # noqa: BLE001 - every failure is counted and reported
@@ -138,7 +137,7 @@ def test_writer_killed_at_a_random_point_leaves_only_whole_steps(tmp_path, seed)
     assert len(visible) <= len(finished) + 1  # at most the step whose write returned but was not reported
     for ref in store.read_rollouts(tmp_path, run_id, columns=["image_ref"])["image_ref"].unique():
         assert store.image_key(store.read_image(tmp_path, ref)) == ref  # no torn image
-    with duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True) as con:  # the store still opens
+    with store.layout.open_views(tmp_path) as con:  # the store still opens
         assert con.sql("SELECT count(*) FROM steps").fetchall() == [(len(visible),)]
     runs = store.read_runs(tmp_path)
     assert runs.iloc[0]["status"] == "running" and runs.iloc[0]["last_step"] == visible[-1]

@@ -55,6 +55,7 @@ def test_resume_continues_exactly(tmp_path):
     first.train_step()
     first.train_step()
     first.save_checkpoint()
+    first.writer.close()  # one writer per run: it lets go, as if killed
     resumed = Trainer(_config(tmp_path / "b", steps=4), resume=first.writer.run_id, progress=False)
     assert resumed.step == 2
     resumed.run()
@@ -136,6 +137,7 @@ def test_an_engine_with_its_own_weights_is_synced_after_each_update_and_after_re
     assert any(not torch.equal(initial[k], trained[k]) for k in trained)
     _assert_same_weights(first.engine.own.model, trained)  # the next step samples from the updated policy
     first.save_checkpoint()
+    first.writer.close()  # one writer per run: it lets go, as if killed
 
     resumed = Trainer(config, resume=first.writer.run_id, progress=False, engine_factory=SnapshotEngine)
     assert resumed.step == 1
@@ -265,6 +267,7 @@ def test_resume_with_minibatches_continues_exactly(tmp_path):
     first = Trainer(_config(tmp_path / "b", **config), progress=False)
     first.train_step()
     first.save_checkpoint()
+    first.writer.close()  # one writer per run: it lets go, as if killed
     resumed = Trainer(_config(tmp_path / "b", **config), resume=first.writer.run_id, progress=False)
     resumed.run()
     a, b = _params(straight.policy.model), _params(resumed.policy.model)
@@ -356,6 +359,7 @@ def test_a_measured_row_cost_is_fitted_on_the_runs_phase_times_recorded_and_kept
     trainer.train_step()
     assert read_steps(tmp_path, trainer.writer.run_id)["row_cost"].iloc[-1] == pytest.approx(0.01)
     trainer.save_checkpoint()
+    trainer.writer.close()  # one writer per run: it lets go, as if killed
     resumed = Trainer(config, resume=trainer.writer.run_id, progress=False)
     assert resumed.pass_costs == trainer.pass_costs and len(resumed.pass_costs) == MIN_FIT_STEPS + 1
 

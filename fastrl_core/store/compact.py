@@ -19,27 +19,31 @@ def compact(store_dir: str | Path, run_id: str) -> Path:
     merged in), evals and images (image_ref, png BLOB) holding the run's visible steps; return its path.
 
     Built under a temp name and renamed, so it can run on a live run (it is a snapshot) and readers of an older
-    compact file keep theirs. Query it with `duckdb -readonly <file>`.
+    compact file keep theirs. Query it with `duckdb -readonly <file>`. Damaged files are left out as the readers
+    leave them out (a damaged steps file hides its step; `readers.damaged_files` lists them).
     """
     store_dir = Path(store_dir).resolve()
     meta = layout.read_run_json(store_dir, run_id)
-    steps = layout.step_numbers(store_dir, run_id, "steps")
+    steps = readers._run_steps(store_dir, run_id)["step"].astype(int).tolist()
     out = layout.compact_file(store_dir, run_id)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp))
+    def _create(*args, **kwargs):
+        _create_tolerant(con, store_dir, *args, **kwargs)
+
     try:
         _create_runs(con, meta)
-        _create(con, "steps", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step",
+        _create("steps", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step",
                 {"files": readers._files(store_dir, run_id, "steps", steps)}, schema.STEPS)
-        _create(con, "groups", "SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
+        _create("groups", "SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
                 "ORDER BY step, file_row_number", {"files": readers._files(store_dir, run_id, "groups", steps)},
                 schema.GROUPS)
         sql, params = _rollouts_sql(store_dir, run_id, steps, meta.get("sketch_dim"))
-        _create(con, "rollouts", sql, params, schema.ROLLOUTS)
-        _create(con, "evals", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step, split",
+        _create("rollouts", sql, params, schema.ROLLOUTS)
+        _create("evals", "SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step, split",
                 {"files": layout.eval_files(store_dir, run_id)}, schema.EVALS)
-        _create(con, "images", "SELECT image_ref, any_value(png) AS png FROM read_parquet($files) WHERE image_ref IN "
+        _create("images", "SELECT image_ref, any_value(png) AS png FROM read_parquet($files) WHERE image_ref IN "
                 "(SELECT image_ref FROM rollouts) GROUP BY image_ref ORDER BY image_ref",
                 {"files": layout.table_files(store_dir, run_id, "images")}, schema.IMAGES, key=[])
     finally:
@@ -66,6 +70,22 @@ def _rollouts_sql(store_dir: Path, run_id: str, steps: list[int], sketch_dim: in
         sql += " LEFT JOIN read_parquet($proj) p ON p.step = r.step AND p.rollout_id = r.rollout_id"
         params["proj"] = readers._files(store_dir, run_id, "proj", proj_steps)
     return sql + " ORDER BY r.step, r.file_row_number", params
+
+
+def _create_tolerant(con: duckdb.DuckDBPyConnection, store_dir: Path, name: str, sql: str, params: dict,
+                     columns: list, key: list = schema.STEP_KEY) -> None:
+    """_create without the damaged files of `params` (the readers' rule: known ones left out, the rest checked
+    one by one when DuckDB fails)."""
+    params = {k: [f for f in files if not readers._known_damaged(store_dir, f)] for k, files in params.items()}
+    for attempt in range(3):
+        try:
+            return _create(con, name, sql, params, columns, key)
+        except (duckdb.Error, OSError):
+            bad = readers._sort_out(store_dir, [f for files in params.values() for f in files])
+            if not bad or attempt == 2:
+                raise
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+            params = {k: [f for f in files if f not in bad] for k, files in params.items()}
 
 
 def _create(con: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict, columns: list,

@@ -8,17 +8,25 @@
                                              per step instead of one per image
     <store_dir>/runs/<run_id>/evals/step_000123_<split>.parquet
     <store_dir>/runs/<run_id>/<run_id>.duckdb  compact(): the run as real tables
+    <store_dir>/runs/<run_id>/writer.lock    flock'ed by the run's one writer (the OS releases it when it dies)
+    <store_dir>/runs/<run_id>/heartbeat      touched every HEARTBEAT_S by a live writer ("no heartbeat" when stale)
+    <store_dir>/quarantine/runs/<run_id>/... damaged files moved aside by `fastrl store check --quarantine`
     <store_dir>/runs/.schema/<table>/empty.parquet  zero-row files so the views bind before any step exists
 
 Every file is written under a temporary name and `os.replace`d, so a reader sees the old file, the new file or
 none, never a torn one (NOTES §3). A step is visible once its steps file exists; the writer writes it last.
+Every path the store keeps is relative to <store_dir> (the views too), so a copied or moved store reads its own
+files.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -72,23 +80,102 @@ def compact_file(store_dir: Path, run_id: str) -> Path:
     return run_dir(store_dir, run_id) / f"{run_id}.duckdb"
 
 
+class RunLocked(ValueError):
+    """Another live process writes this run."""
+
+
+def lock_run(store_dir: Path, run_id: str) -> int:
+    """Take the run's writer lock (an exclusive flock on runs/<run_id>/writer.lock, released by the OS when the
+    process dies, however it dies); returns the lock's file descriptor. RunLocked if another process holds it."""
+    path = run_dir(store_dir, run_id) / "writer.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.EAGAIN, errno.EACCES):
+            raise RunLocked(f"run {run_id!r} in {store_dir} is being written by another process (one writer per "
+                            "run; wait for it to end or stop it)") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def unlock_run(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)  # closing the descriptor releases the flock
+        except OSError:
+            pass
+
+
+HEARTBEAT_S = 10.0  # a live writer touches runs/<run_id>/heartbeat this often
+STALE_AFTER_S = 60.0  # a "running" run whose heartbeat is older than this shows as "no heartbeat"
+
+
+def heartbeat_file(store_dir: Path, run_id: str) -> Path:
+    return run_dir(store_dir, run_id) / "heartbeat"
+
+
+def touch_heartbeat(store_dir: Path, run_id: str) -> None:
+    path = heartbeat_file(store_dir, run_id)
+    try:
+        path.touch()
+    except OSError:  # a full disk: the heartbeat goes stale, which is the truth
+        pass
+
+
 def _tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")
 
 
 def write_parquet(table: pa.Table, path: Path) -> None:
     """Write `table` to `path` atomically (temp file, then rename). Not fsynced: survives a killed process,
-    not a power cut."""
+    not a power cut. On an error (a full disk) the temp file is removed."""
     tmp = _tmp(path)
     strings = [field.name for field in table.schema if pa.types.is_string(field.type)]  # floats don't repeat: no
-    pq.write_table(table, tmp, use_dictionary=strings)  # dictionary for them (benchmarks/bench_store.py (a))
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp, use_dictionary=strings)  # dictionary for them (benchmarks/bench_store.py (a))
+        os.replace(tmp, path)
+    except BaseException as error:
+        _discard(tmp, error)
+        raise
 
 
 def write_bytes(data: bytes, path: Path) -> None:
     tmp = _tmp(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException as error:
+        _discard(tmp, error)
+        raise
+
+
+def disk_full(path: Path, error: BaseException) -> OSError | None:
+    """An OSError(ENOSPC) naming `path`'s disk when `error` came from it being full (under 1 MiB free; the writing
+    libraries word it their own way: torch.save "unexpected pos", safetensors "StorageFull", Arrow an IOError),
+    else None. Call it before deleting what the failed write left, which frees space."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return None  # says so already
+    try:
+        free = shutil.disk_usage(path if os.path.isdir(path) else os.path.dirname(path) or ".").free
+    except OSError:
+        return None
+    if free >= 1 << 20:
+        return None
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return OSError(errno.ENOSPC, f"No space left on device writing {str(path)!r} ({free} bytes free; "
+                   f"{type(error).__name__}: {first[:160]})")
+
+
+def _discard(tmp: Path, error: BaseException) -> None:
+    """Remove a failed write's temp file; turn a full disk's error into OSError(ENOSPC)."""
+    full = disk_full(tmp.parent, error) if isinstance(error, Exception) else None
+    tmp.unlink(missing_ok=True)
+    if full is not None:
+        raise full from error
 
 
 def write_json(obj: dict, path: Path) -> None:
@@ -162,7 +249,7 @@ _SEED_COLUMNS = {
 
 
 def _view_sql(store_dir: Path) -> list[str]:
-    root = str(Path(store_dir).resolve() / "runs").replace("'", "''")
+    root = "runs"  # relative: DuckDB resolves it against its working directory (or `SET file_search_path`)
 
     def scan(table: str) -> str:
         return f"read_parquet('{root}/*/{table}/*.parquet', union_by_name=true)"
@@ -182,12 +269,20 @@ def _view_sql(store_dir: Path) -> list[str]:
     ]
 
 
+def open_views(store_dir: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to `store.duckdb` whose relative paths resolve in `store_dir`, from any directory."""
+    store_dir = Path(store_dir).resolve()
+    return duckdb.connect(str(store_dir / "store.duckdb"), read_only=True, config={"file_search_path": str(store_dir)})
+
+
 def init_store(store_dir: Path) -> None:
     """Create the directory layout, the zero-row seed files and `store.duckdb`.
 
     `store.duckdb` is rebuilt under a temp name and renamed into place (no lock is ever taken on the live file,
-    and a reader holding the old one keeps it); rebuilding at each writer start keeps its absolute paths right
-    if the store was moved. Call it after the run's run.json exists: the runs view needs one to bind.
+    and a reader holding the old one keeps it). Its views name files relative to the store (`runs/*/...`), so
+    a copied or moved store reads its own files: open it from the store directory (`cd <store_dir> && duckdb
+    -readonly store.duckdb`) or `SET file_search_path='<store_dir>'` first. Call it after the run's run.json
+    exists: the runs view needs one to bind.
     """
     store_dir = Path(store_dir)
     for table, (key, columns) in _SEED_COLUMNS.items():
@@ -198,7 +293,7 @@ def init_store(store_dir: Path) -> None:
     database = store_dir / "store.duckdb"
     tmp = _tmp(database)
     tmp.unlink(missing_ok=True)
-    con = duckdb.connect(str(tmp))
+    con = duckdb.connect(str(tmp), config={"file_search_path": str(store_dir.resolve())})
     try:
         for statement in _view_sql(store_dir):
             con.execute(statement)

@@ -4,6 +4,11 @@ Each query lists the run's visible steps (those whose steps file exists) and rea
 those steps only, with an in-memory DuckDB connection. So a step is all-or-nothing for a reader (its rollouts
 and groups files were renamed into place before its steps file), no lock is taken on any file, and an empty
 run reads as an empty frame with the right columns instead of DuckDB's "No files found".
+
+A damaged file (truncated, junk, or missing while its step is visible) does not fail a read: when DuckDB fails on a
+list of files, each is checked alone, the damaged ones are left out (a damaged steps file hides its step) and
+noted, and the rest is read. `damaged_files(store_dir)` lists what this process skipped (the app shows it);
+`fastrl store check` scans the whole store and can quarantine them.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import functools
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -51,6 +57,100 @@ def _retry_vanished(read):
     return wrapper
 
 
+_damaged: dict[str, dict[str, tuple[tuple | None, str]]] = {}  # store -> {path: (stamp or None if missing, reason)}
+
+
+def _store_key(store_dir: Path) -> str:
+    return str(Path(store_dir).resolve())
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _known_damaged(store_dir: Path, path: str) -> bool:
+    """Whether `path` was found damaged and is unchanged since (a replaced or restored file is read again)."""
+    with _lock:
+        entry = _damaged.get(_store_key(store_dir), {}).get(path)
+    if entry is None:
+        return False
+    if _stamp(path) == entry[0] and not (entry[0] is None and _step_vanished(path)):
+        return True
+    with _lock:
+        _damaged.get(_store_key(store_dir), {}).pop(path, None)
+    return False
+
+
+def file_problem(path: str) -> str | None:
+    """Why a store file cannot be read (its first line), or None when it reads whole."""
+    try:
+        pq.read_table(path)
+    except FileNotFoundError:
+        return "missing"
+    except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        return " ".join(str(error).split())[:200] or type(error).__name__
+    return None
+
+
+def _step_vanished(path: str) -> bool:
+    """A per-step file that is gone together with its step's steps file: the step is being re-written or was
+    dropped by a resume, which is not damage."""
+    name = Path(path).name
+    steps_file = Path(path).parent.parent / "steps" / name
+    return not os.path.exists(path) and not steps_file.exists()
+
+
+def _sort_out(store_dir: Path, files: list[str]) -> set[str]:
+    """The files of `files` that cannot be read; the damaged ones among them are noted for damaged_files."""
+    bad = set()
+    for path in files:
+        problem = file_problem(path)
+        if problem is None:
+            continue
+        bad.add(path)
+        if problem == "missing" and (Path(path).parent.name == "steps" or _step_vanished(path)):
+            continue  # a step not (or no longer) visible
+        with _lock:
+            _damaged.setdefault(_store_key(store_dir), {})[path] = (_stamp(path), problem)
+    return bad
+
+
+def _read_tolerant(store_dir: Path, files: list[str], read):
+    """`read(files)` without the damaged files: known ones are left out first; when DuckDB (or Arrow) still fails,
+    each file is checked alone and the bad ones are left out. `read` must accept an empty list."""
+    files = [f for f in files if not _known_damaged(store_dir, f)]
+    for attempt in range(3):
+        if not files:
+            return read([])
+        try:
+            return read(files)
+        except (duckdb.Error, OSError, ValueError):
+            bad = _sort_out(store_dir, files)
+            if not bad or attempt == 2:
+                raise
+            files = [f for f in files if f not in bad]
+
+
+def damaged_files(store_dir: str | Path) -> dict[str, str]:
+    """{path relative to the store: why} of the damaged files this process's readers skipped and that are still
+    damaged (unchanged, or still missing)."""
+    store_dir = Path(store_dir)
+    with _lock:
+        paths = list(_damaged.get(_store_key(store_dir), {}))
+    root = Path(_store_key(store_dir))
+    found = {}
+    for path in paths:
+        if _known_damaged(store_dir, path):
+            with _lock:
+                reason = _damaged[_store_key(store_dir)][path][1]
+            found[os.path.relpath(path, root)] = reason
+    return dict(sorted(found.items()))
+
+
 def _query_df(sql: str, params: dict) -> pd.DataFrame:
     with _cursor() as cursor:
         return cursor.sql(sql, params=params).df()
@@ -71,7 +171,7 @@ def _run_ids(store_dir: Path, run_ids: Sequence[str] | str) -> list[str]:
 
 def _select_steps(store_dir: Path, run_id: str, steps: int | Sequence[int] | None) -> list[int]:
     """Visible steps of a run, restricted to `steps` (one step or several) when given."""
-    visible = layout.step_numbers(store_dir, _run_ids(store_dir, run_id)[0], "steps")
+    visible = _run_steps(store_dir, _run_ids(store_dir, run_id)[0])["step"].astype(int).tolist()
     if steps is None:
         return visible
     wanted = {int(steps)} if isinstance(steps, (int, np.integer)) else {int(s) for s in steps}
@@ -103,9 +203,11 @@ def _run_steps(store_dir: Path, run_id: str) -> pd.DataFrame:
         new = [path for path in stamps if path not in cached[0]]
         frame = cached[1]
         if new:
-            frame = pd.concat([frame, _read_steps_files(new)], ignore_index=True).sort_values("step", ignore_index=True)
+            more = _read_steps_files(store_dir, new)
+            if len(more):
+                frame = pd.concat([frame, more], ignore_index=True).sort_values("step", ignore_index=True)
     else:
-        frame = _read_steps_files(list(stamps)) if stamps else _empty(schema.STEP_KEY, schema.STEPS)
+        frame = _read_steps_files(store_dir, list(stamps))
     with _lock:
         _steps_cache[key] = (stamps, frame)
     return frame
@@ -124,8 +226,13 @@ def _stamps(paths: list[str]) -> dict[str, tuple[int, int, int]]:
     return stamps
 
 
-def _read_steps_files(files: list[str]) -> pd.DataFrame:
-    return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step", {"files": files})
+def _read_steps_files(store_dir: Path, files: list[str]) -> pd.DataFrame:
+    def read(files: list[str]) -> pd.DataFrame:
+        if not files:
+            return _empty(schema.STEP_KEY, schema.STEPS)
+        return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step", {"files": files})
+
+    return _read_tolerant(store_dir, files, read)
 
 
 @_retry_vanished
@@ -142,10 +249,14 @@ def read_groups(store_dir: str | Path, run_id: str, *, step: int | Sequence[int]
     """Group rows (one per prompt per step) of visible steps, all or only `step`, in written order."""
     store_dir = Path(store_dir)
     files = _files(store_dir, run_id, "groups", _select_steps(store_dir, run_id, step))
-    if not files:
-        return _empty(schema.STEP_KEY, schema.GROUPS)
-    return _query_df("SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
-                     "ORDER BY step, file_row_number", {"files": files})
+
+    def read(files: list[str]) -> pd.DataFrame:
+        if not files:
+            return _empty(schema.STEP_KEY, schema.GROUPS)
+        return _query_df("SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
+                         "ORDER BY step, file_row_number", {"files": files})
+
+    return _read_tolerant(store_dir, files, read)
 
 
 def read_budget_matrix(store_dir: str | Path, run_id: str) -> pd.DataFrame:
@@ -171,9 +282,16 @@ def _scan_rollouts(store_dir: Path, run_id: str, steps: list[int], columns: Sequ
         sql += " WHERE " + " AND ".join(where)
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
-    with _cursor() as cursor:
-        return cursor.sql(sql, params={**params, "rollouts": _files(store_dir, run_id, "rollouts", steps)}
-                          ).to_arrow_table()
+
+    def read(files: list[str]):
+        if not files:
+            names = set(columns)
+            return schema.arrow_schema(schema.STEP_KEY, schema.ROLLOUTS).empty_table().select(
+                [c for c in ROLLOUT_COLUMNS if c in names]).select(list(columns))
+        with _cursor() as cursor:
+            return cursor.sql(sql, params={**params, "rollouts": files}).to_arrow_table()
+
+    return _read_tolerant(store_dir, _files(store_dir, run_id, "rollouts", steps), read)
 
 
 def _with_projection(frame: pd.DataFrame, store_dir: Path, run_id: str) -> pd.DataFrame:
@@ -183,8 +301,13 @@ def _with_projection(frame: pd.DataFrame, store_dir: Path, run_id: str) -> pd.Da
     steps = sorted(set(layout.step_numbers(store_dir, run_id, "proj")) & set(frame["step"].unique().tolist()))
     if not steps:
         return frame
-    proj = _query_df("SELECT step, rollout_id, proj_x, proj_y FROM read_parquet($files)",
-                     {"files": _files(store_dir, run_id, "proj", steps)})
+    def read(files: list[str]) -> pd.DataFrame:
+        if not files:
+            return pd.DataFrame({"step": pd.Series([], dtype="int64"), "rollout_id": pd.Series([], dtype=str),
+                                 "proj_x": pd.Series([], dtype=float), "proj_y": pd.Series([], dtype=float)})
+        return _query_df("SELECT step, rollout_id, proj_x, proj_y FROM read_parquet($files)", {"files": files})
+
+    proj = _read_tolerant(store_dir, _files(store_dir, run_id, "proj", steps), read)
     stored = frame[["step", "rollout_id"]].merge(proj, on=["step", "rollout_id"], how="left")  # keeps frame order
     for name in ("proj_x", "proj_y"):
         if name in frame:
@@ -253,10 +376,14 @@ def read_evals(store_dir: str | Path, run_ids: Sequence[str] | str) -> pd.DataFr
     """Evaluation rows of one or several runs, ordered by run_id, step, split."""
     store_dir = Path(store_dir)
     files = [f for run_id in _run_ids(store_dir, run_ids) for f in layout.eval_files(store_dir, run_id)]
-    if not files:
-        return _empty(schema.STEP_KEY, schema.EVALS)
-    return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY run_id, step, split",
-                     {"files": files})
+
+    def read(files: list[str]) -> pd.DataFrame:
+        if not files:
+            return _empty(schema.STEP_KEY, schema.EVALS)
+        return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY run_id, step, split",
+                         {"files": files})
+
+    return _read_tolerant(store_dir, files, read)
 
 
 @_retry_vanished
@@ -270,6 +397,8 @@ def read_image(store_dir: str | Path, image_ref: str) -> bytes:
         try:
             table = pq.read_table(path, columns=["image_ref", "png"], filters=[("image_ref", "==", image_ref)])
         except FileNotFoundError:
+            if not _step_vanished(path):
+                _sort_out(Path(store_dir), [path])
             with _lock:
                 _images_cache.get(str(Path(store_dir).resolve()), {}).pop(path, None)
             continue  # a resumed run removed it: look again
@@ -296,8 +425,13 @@ def _image_index(store_dir: Path, image_ref: str) -> str | None:
     known = {path: entry for path, entry in known.items() if stamps.get(path) == entry[0]}
     new = [path for path in stamps if path not in known]
     if new:  # one query for all new files, not one read each
-        frame = _query_df("SELECT filename, list(image_ref) AS refs FROM read_parquet($files, filename=true) "
-                          "GROUP BY filename", {"files": new})
+        def read(files: list[str]) -> pd.DataFrame:
+            if not files:
+                return pd.DataFrame({"filename": [], "refs": []})
+            return _query_df("SELECT filename, list(image_ref) AS refs FROM read_parquet($files, filename=true) "
+                             "GROUP BY filename", {"files": files})
+
+        frame = _read_tolerant(store_dir, new, read)
         for path, refs in zip(frame["filename"], frame["refs"]):
             known[path] = (stamps[path], list(refs))
     found = next((path for path, (_, refs) in known.items() if image_ref in refs), None)
@@ -307,7 +441,44 @@ def _image_index(store_dir: Path, image_ref: str) -> str | None:
 
 
 RUN_SUMMARY_COLUMNS = ["last_step", "steps", "wall_time", "rollouts_sampled", "rollouts_kept", "kept_fraction",
-                       "train_accuracy", "eval_split", "best_accuracy", "last_accuracy", "last_write"]
+                       "train_accuracy", "eval_split", "best_accuracy", "last_accuracy", "last_write", "heartbeat",
+                       "state"]
+RUN_STATES = ("running", "finished", "failed", "stopped", "no heartbeat")
+
+
+def run_state(status: str, heartbeat: float | None, now: float | None = None,
+              stale_after_s: float = layout.STALE_AFTER_S) -> str:
+    """A run's effective status: its stored status, except "no heartbeat" for a "running" run whose writer has
+    not touched its heartbeat for `stale_after_s` seconds (killed without a word: kill -9, a power cut, a full disk
+    that kept it from writing its end). heartbeat and now: POSIX seconds."""
+    now = time.time() if now is None else now
+    if status == "running" and (heartbeat is None or now - heartbeat > stale_after_s):
+        return "no heartbeat"
+    return status
+
+
+def _heartbeat(store_dir: Path, run_id: str) -> float | None:
+    """The last sign of life of the run's writer: its heartbeat file's mtime (else run.json's, runs written before
+    heartbeats)."""
+    for path in (layout.heartbeat_file(store_dir, run_id), layout.run_dir(store_dir, run_id) / "run.json"):
+        try:
+            return os.path.getmtime(path)
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def run_states(store_dir: str | Path, *, now: float | None = None) -> dict[str, str]:
+    """{run_id: effective status (run_state)} of every run in the store."""
+    store_dir = Path(store_dir)
+    states = {}
+    for run_id in layout.list_runs(store_dir):
+        try:
+            status = layout.read_run_json(store_dir, run_id).get("status", "running")
+        except (ValueError, OSError):
+            continue
+        states[run_id] = run_state(status, _heartbeat(store_dir, run_id), now)
+    return states
 
 
 @_retry_vanished
@@ -315,19 +486,36 @@ def read_runs(store_dir: str | Path) -> pd.DataFrame:
     """One row per run: the runs columns plus headline metrics — last_step, steps, wall_time (s, of the last
     step), rollouts sampled/kept totals, kept_fraction, train_accuracy (last step), best/last eval accuracy on
     eval_split ("test" when the run has it, else its first split alphabetically), last_write (time of the last
-    steps file; a "running" run that stopped writing long ago has crashed)."""
+    steps file), heartbeat (the writer's last sign of life) and state (`run_state`: the status, or "no heartbeat"
+    for a "running" run whose writer died without a word). A run whose run.json is damaged is left out (noted in
+    damaged_files)."""
     store_dir = Path(store_dir)
-    run_ids = layout.list_runs(store_dir)
     names = [c.name for c in schema.RUNS] + RUN_SUMMARY_COLUMNS
-    if not run_ids:
-        return pd.DataFrame({name: [] for name in names})
-    rows = []
-    for run_id in run_ids:
-        meta = layout.read_run_json(store_dir, run_id)
+    rows, now = [], time.time()
+    for run_id in layout.list_runs(store_dir):
+        path = layout.run_dir(store_dir, run_id) / "run.json"
+        try:
+            meta = json.loads(path.read_text())
+            if not isinstance(meta, dict):
+                raise ValueError("not a JSON object")
+        except FileNotFoundError:
+            continue
+        except (ValueError, OSError) as error:
+            with _lock:
+                _damaged.setdefault(_store_key(store_dir), {})[str(path)] = (_stamp(str(path)),
+                                                                              " ".join(str(error).split())[:200])
+            continue
         row = {c.name: meta.get(c.name) for c in schema.RUNS}
+        row["run_id"] = run_id
         row["config"] = json.dumps(meta.get("config", {}))
+        heartbeat = _heartbeat(store_dir, run_id)
+        row |= {"heartbeat": None if heartbeat is None else pd.Timestamp(heartbeat, unit="s", tz="UTC"),
+                "state": run_state(str(meta.get("status")), heartbeat, now)}
         rows.append(row | _step_totals(store_dir, run_id))
+    if not rows:
+        return pd.DataFrame({name: [] for name in names})
     runs = pd.DataFrame(rows)
+    run_ids = runs["run_id"].tolist()
     runs["started"] = pd.to_datetime(runs["started"], utc=True, format="ISO8601")
     runs["finished"] = pd.to_datetime(runs["finished"], utc=True, format="ISO8601")
     runs = runs.merge(_eval_headlines(store_dir, run_ids), on="run_id", how="left")
@@ -352,6 +540,10 @@ def _step_totals(store_dir: Path, run_id: str) -> dict:
 
 def _eval_headlines(store_dir: Path, run_ids: list[str]) -> pd.DataFrame:
     files = [f for run_id in run_ids for f in layout.eval_files(store_dir, run_id)]
+    return _read_tolerant(store_dir, files, _eval_headline_query)
+
+
+def _eval_headline_query(files: list[str]) -> pd.DataFrame:
     if not files:
         return pd.DataFrame({"run_id": pd.Series([], dtype=str)})
     return _query_df(

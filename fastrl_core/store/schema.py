@@ -48,6 +48,7 @@ RUNS = [
     _c("started", TIMESTAMP),
     _c("finished", TIMESTAMP, nullable=True),
     _c("status", STR),
+    _c("error", STR, nullable=True),  # first line of why a failed or stopped run ended
 ]
 
 STEPS = [

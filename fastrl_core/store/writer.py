@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import subprocess
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
+from fastrl_core import faults
 from fastrl_core.store import layout, schema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -45,8 +47,14 @@ class RunWriter:
     """Writes one run into a store directory; safe against live readers in other processes and against being
     killed at any point (every file is renamed into place; a step's steps row is written last).
 
-    One writer per run at a time. `RunWriter.resume(store_dir, run_id)` reopens a run after a crash.
+    One writer per run: it holds the run's lock (`layout.lock_run`, released by the OS when the process dies) from
+    construction to `finish`, and a second writer gets `layout.RunLocked`. While it lives, a thread touches the
+    run's heartbeat file every `layout.HEARTBEAT_S` (readers show a "running" run with a stale one as "no
+    heartbeat"). `RunWriter.resume(store_dir, run_id)` reopens a run after a crash.
     """
+
+    _lock_fd: int | None = None
+    _beat: threading.Event | None = None
 
     def __init__(self, store_dir: str | Path, *, name: str, config: dict, model: str, dataset: str,
                  objective: str, pruner: str, budget: str, code_version: str | None = None,
@@ -60,11 +68,12 @@ class RunWriter:
             raise ValueError(f"runs: key 'config' must be a dict, got {type(config).__name__}")
         (self.store_dir / "runs").mkdir(parents=True, exist_ok=True)
         self.run_id = self._claim_run_dir(name, run_id)
+        self._lock_fd = layout.lock_run(self.store_dir, self.run_id)
         self.meta = {
             "run_id": self.run_id, "name": name, "config": json.loads(json.dumps(config, default=str)),
             "code_version": code_version or default_code_version(), "model": model, "dataset": dataset,
             "objective": objective, "pruner": pruner, "budget": budget, "started": _now(), "finished": None,
-            "status": "running", "sketch_dim": None,
+            "status": "running", "error": None, "sketch_dim": None,
         }
         self._run_dir = layout.run_dir(self.store_dir, self.run_id)
         for table in layout.TABLE_DIRS:
@@ -73,6 +82,30 @@ class RunWriter:
         layout.init_store(self.store_dir)
         self._clock_origin = time.time()
         self._stored_images: set[str] = set()  # image refs in this run's images files
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        """Touch the heartbeat file now and every HEARTBEAT_S from a daemon thread until `finish`."""
+        store_dir, run_id = self.store_dir, self.run_id  # not self: the thread must not keep the writer alive
+        layout.touch_heartbeat(store_dir, run_id)
+        stop = self._beat = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(layout.HEARTBEAT_S):
+                layout.touch_heartbeat(store_dir, run_id)
+
+        threading.Thread(target=beat, name=f"heartbeat-{self.run_id}", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the heartbeat and release the run's lock (without changing its status)."""
+        if self._beat is not None:
+            self._beat.set()
+            self._beat = None
+        layout.unlock_run(self._lock_fd)
+        self._lock_fd = None
+
+    def __del__(self) -> None:  # a writer nobody holds writes nothing: its run is free for another
+        self.close()
 
     def _claim_run_dir(self, name: str, run_id: str | None) -> str:
         if run_id is not None:
@@ -94,19 +127,24 @@ class RunWriter:
         raise RuntimeError(f"could not find a free run id for {base!r}")
 
     @classmethod
-    def resume(cls, store_dir: str | Path, run_id: str, *, from_step: int | None = None) -> "RunWriter":
+    def resume(cls, store_dir: str | Path, run_id: str, *, from_step: int | None = None,
+               lock_fd: int | None = None) -> "RunWriter":
         """Reopen a run: its steps are kept, its status goes back to "running", and wall_time continues from the
-        last kept step. Re-writing an existing step replaces it (see write_step). `from_step`: drop steps (and
-        evals) >= it first, e.g. those a crashed trainer wrote after its last checkpoint."""
+        last kept step. Re-writing an existing step replaces it (see write_step). `from_step`: drop the steps >= it
+        and the evaluations > it first, e.g. those a crashed trainer wrote after its last checkpoint (taken after
+        step `from_step` - 1 and its evaluation at `from_step`: that one is kept, it is not redone). `lock_fd`: the
+        run's lock when the caller took it already (`layout.lock_run`); else it is taken here (RunLocked if another
+        process writes the run)."""
         self = cls.__new__(cls)
         self.store_dir = Path(store_dir).resolve()
         self.run_id = run_id
         self._run_dir = layout.run_dir(self.store_dir, run_id)
         self.meta = layout.read_run_json(self.store_dir, run_id)
+        self._lock_fd = lock_fd if lock_fd is not None else layout.lock_run(self.store_dir, run_id)
         layout.remove_temp_files(self._run_dir)
         if from_step is not None:
             self._drop_steps(from_step)
-        self.meta.update(status="running", finished=None)
+        self.meta.update(status="running", finished=None, error=None)
         layout.write_json(self.meta, self._run_dir / "run.json")
         layout.init_store(self.store_dir)
         steps = layout.step_numbers(self.store_dir, run_id, "steps")
@@ -116,11 +154,19 @@ class RunWriter:
             elapsed = last.column(0)[0].as_py() or 0.0
         self._clock_origin = time.time() - elapsed
         self._stored_images = self._images_on_disk()
+        self._start_heartbeat()
         return self
 
     def _images_on_disk(self) -> set[str]:
-        return {ref for path in layout.table_files(self.store_dir, self.run_id, "images")
-                for ref in pq.read_table(path, columns=["image_ref"]).column(0).to_pylist()}
+        """Image refs in the run's readable images files (a damaged one is left out: its images are stored again
+        when next used)."""
+        refs = set()
+        for path in layout.table_files(self.store_dir, self.run_id, "images"):
+            try:
+                refs.update(pq.read_table(path, columns=["image_ref"]).column(0).to_pylist())
+            except (OSError, ValueError):
+                continue
+        return refs
 
     def _drop_steps(self, from_step: int) -> None:
         for step in layout.step_numbers(self.store_dir, self.run_id, "steps"):
@@ -132,7 +178,7 @@ class RunWriter:
                 if step >= from_step:
                     layout.step_file(self.store_dir, self.run_id, table, step).unlink()
         for path in layout.eval_files(self.store_dir, self.run_id):
-            if layout.eval_step(path) >= from_step:
+            if layout.eval_step(path) > from_step:  # the one at from_step came before the checkpoint: kept
                 Path(path).unlink()
 
     def write_step(self, step: int, *, step_row: dict, groups: list[dict], rollouts: list[dict],
@@ -182,6 +228,7 @@ class RunWriter:
         layout.step_file(self.store_dir, self.run_id, "proj", step).unlink(missing_ok=True)
         for table in ("rollouts", "groups", "steps"):  # steps last: it makes the step visible
             layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step))
+            faults.reach(f"step.{table}_written" if table != "steps" else "step.written")
 
     def _write_images(self, step: int, images: dict[str, bytes]) -> None:
         """One file per step with the images this run uses for the first time, not a file per image (16 of them
@@ -277,19 +324,29 @@ class RunWriter:
                                 len(ids))
         layout.write_parquet(table, layout.step_file(self.store_dir, self.run_id, "proj", step))
 
-    def finish(self, status: str = "finished") -> None:
-        """Mark the run ended and compact it into runs/<run_id>/<run_id>.duckdb."""
+    def finish(self, status: str = "finished", error: str | None = None) -> None:
+        """Mark the run ended ("finished", "stopped" or "failed", `error`: why, its first line is kept), release
+        its lock, and compact a finished run into runs/<run_id>/<run_id>.duckdb."""
         from fastrl_core.store.compact import compact
 
         if status not in STATUSES[1:]:
             raise ValueError(f"runs: status {status!r} must be one of {STATUSES[1:]}")
-        self.meta.update(status=status, finished=_now())
-        layout.write_json(self.meta, self._run_dir / "run.json")
-        compact(self.store_dir, self.run_id)
+        first_line = next((line.strip() for line in str(error or "").splitlines() if line.strip()), None)
+        self.meta.update(status=status, finished=_now(), error=first_line)
+        try:
+            layout.write_json(self.meta, self._run_dir / "run.json")
+            if status == "finished":
+                compact(self.store_dir, self.run_id)
+        finally:
+            self.close()
 
     def __enter__(self) -> "RunWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.meta["status"] == "running":
-            self.finish("failed" if exc_type else "finished")
+            if exc_type is None:
+                self.finish("finished")
+            else:
+                self.finish("stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed",
+                            f"{exc_type.__name__}: {exc}")

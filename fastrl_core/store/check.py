@@ -1,0 +1,114 @@
+"""`fastrl store check`: find the store's damaged files and move them aside.
+
+A file is damaged when it does not read whole (truncated, junk, a run.json that is not JSON), or when it is missing
+though its step is visible (a step's rollouts and groups files are written before its steps file). Readers skip
+such files already (`readers.damaged_files`); quarantining moves them to <store_dir>/quarantine/<same path> so
+that nothing is deleted and the store reads clean again. A damaged steps, groups or rollouts file takes its whole
+step to quarantine (steps file first): a step stays all-or-nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from fastrl_core.store import layout, readers
+
+WHOLE_STEP_TABLES = ("steps", "groups", "rollouts")  # needed for a step to be whole; proj and images are extras
+
+
+@dataclass(frozen=True)
+class Damage:
+    path: str  # relative to the store
+    problem: str  # "missing" or the reader's first error line
+
+
+def check_store(store_dir: str | Path) -> list[Damage]:
+    """Every damaged file of every run in the store (reads each file whole: seconds for a large store)."""
+    store_dir = Path(store_dir)
+    found: list[Damage] = []
+
+    def note(path: Path | str, problem: str) -> None:
+        found.append(Damage(os.path.relpath(path, store_dir), problem))
+
+    for run_id in layout.list_runs(store_dir):
+        run_json = layout.run_dir(store_dir, run_id) / "run.json"
+        try:
+            if not isinstance(json.loads(run_json.read_text()), dict):
+                note(run_json, "not a JSON object")
+        except (ValueError, OSError) as error:
+            note(run_json, " ".join(str(error).split())[:200])
+        visible = set(layout.step_numbers(store_dir, run_id, "steps"))
+        for table in (*layout.STEP_TABLES,):
+            present = set(layout.step_numbers(store_dir, run_id, table))
+            for step in sorted(present):
+                path = layout.step_file(store_dir, run_id, table, step)
+                problem = readers.file_problem(str(path))
+                if problem is not None and problem != "missing":
+                    note(path, problem)
+            if table in ("groups", "rollouts"):
+                for step in sorted(visible - present):
+                    note(layout.step_file(store_dir, run_id, table, step), "missing")
+        for path in layout.eval_files(store_dir, run_id):
+            problem = readers.file_problem(path)
+            if problem is not None and problem != "missing":
+                note(path, problem)
+    return sorted(found, key=lambda d: d.path)
+
+
+def quarantine(store_dir: str | Path, damage: Sequence[Damage]) -> list[str]:
+    """Move the damaged files (and the rest of a damaged step) to <store_dir>/quarantine/; returns the moved
+    paths, relative to the store. The steps file of a step moves first, so readers never see half a step."""
+    store_dir = Path(store_dir)
+    moved: list[str] = []
+    targets: list[Path] = []
+    for item in damage:
+        path = store_dir / item.path
+        if path.parent.name in WHOLE_STEP_TABLES and path.name.startswith("step_"):
+            step_dir = path.parent.parent
+            targets += [step_dir / table / path.name for table in ("steps", "groups", "rollouts", "proj")]
+        else:
+            targets.append(path)
+    for path in dict.fromkeys(targets):
+        if not path.exists():
+            continue
+        destination = store_dir / "quarantine" / path.relative_to(store_dir)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, destination)
+        moved.append(str(path.relative_to(store_dir)))
+    return moved
+
+
+def check_main(argv: Sequence[str] | None = None) -> int:
+    """`fastrl store check <store_dir> [--quarantine]`: list damaged files (exit 1 if any is left), and with
+    --quarantine move them to <store_dir>/quarantine/ (exit 0)."""
+    parser = argparse.ArgumentParser(prog="fastrl store check", description=check_main.__doc__)
+    parser.add_argument("store_dir", type=Path)
+    parser.add_argument("--quarantine", action="store_true", help="move damaged files to <store_dir>/quarantine/")
+    args = parser.parse_args(argv)
+    return run_check(args.store_dir, quarantine_files=args.quarantine)
+
+
+def run_check(store_dir: Path, *, quarantine_files: bool) -> int:
+    if not (Path(store_dir) / "runs").is_dir():
+        from fastrl_core.config import ConfigError
+
+        raise ConfigError(f"{store_dir}: not a store (no runs/ folder)")
+    damage = check_store(store_dir)
+    for item in damage:
+        print(f"damaged: {item.path}: {item.problem}")
+    if not damage:
+        print(f"{store_dir}: no damaged files in {len(layout.list_runs(store_dir))} runs")
+        return 0
+    if not quarantine_files:
+        print(f"{len(damage)} damaged file(s); `fastrl store check {store_dir} --quarantine` moves them aside")
+        return 1
+    moved = quarantine(store_dir, damage)
+    for path in moved:
+        print(f"quarantined: {path}")
+    print(f"{len(damage)} damaged file(s); {len(moved)} file(s) moved to {Path(store_dir) / 'quarantine'}")
+    return 0

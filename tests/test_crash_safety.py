@@ -1,0 +1,357 @@
+"""Issue 39, "nothing lost, nothing hidden": resume keeps every evaluation, runs are marked however they end, one
+writer per run, checkpoints swapped atomically, damaged store files skipped / named / quarantined, a copied store
+reads its own files, and every bad input is one line before anything heavy loads. The kill -9 and full-disk
+campaign is tests/test_fault_injection.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from fastrl_core import checkpoints
+from fastrl_core.cli import main as cli_main
+from fastrl_core.config import load_config
+from fastrl_core.data.problems import DataError, load_problems
+from fastrl_core.run_loop import run_interleaved
+from fastrl_core.store import (RunLocked, RunWriter, check_store, compact, damaged_files, layout, read_evals,
+                               read_groups, read_image, read_rollouts, read_runs, read_steps, run_state)
+from fastrl_core.store.synthetic import write_synthetic_run
+from fastrl_core.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"steps": 4, "prompts_per_step": 4, "rollouts_per_prompt": 4, "eval_every": 0, "checkpoint_every": 0,
+        "threads": 1, "synthetic_train": 64, "synthetic_test": 16, "eval_size": 16, "max_new_tokens": 16}
+
+
+def _overrides(store, **overrides) -> list[str]:
+    return [f"{k}={v}" for k, v in {"store_dir": str(store), **TINY, **overrides}.items()]
+
+
+def _config(store, **overrides):
+    return load_config(REPO / "configs" / "embedded.yaml", _overrides(store, **overrides))
+
+
+def _crash_at(monkeypatch, step: int, error: BaseException) -> None:
+    """Trainer.train_step raises `error` when the trainer reaches `step` (the step is not written)."""
+    original = Trainer.train_step
+
+    def train_step(self):
+        if self.step == step:
+            raise error
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+def _only_run(store) -> str:
+    (run_id,) = layout.list_runs(store)
+    return run_id
+
+
+# ------------------------------------------------------------------------------------------- resume and lifecycle
+
+def test_resume_keeps_the_evaluation_at_the_checkpoint_step_and_marks_the_crash(tmp_path, monkeypatch):
+    config = _config(tmp_path, steps=6, eval_every=2, checkpoint_every=2)
+    _crash_at(monkeypatch, 5, RuntimeError("simulated crash\nwith a second line"))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(config, progress=False).run()
+    run_id = _only_run(tmp_path)
+    run = read_runs(tmp_path).iloc[0]
+    assert (run["status"], run["error"], run["state"]) == ("failed", "RuntimeError: simulated crash", "failed")
+    assert read_steps(tmp_path, run_id)["step"].tolist() == [0, 1, 2, 3, 4]  # step 4 came after the checkpoint
+    monkeypatch.undo()
+
+    Trainer(config, resume=run_id, progress=False).run()
+    evals = read_evals(tmp_path, run_id)
+    assert evals["step"].tolist() == [0, 2, 4, 6]  # the one at the checkpoint's step (4) is kept, none twice
+    assert read_steps(tmp_path, run_id)["step"].tolist() == list(range(6))
+    run = read_runs(tmp_path).iloc[0]
+    assert (run["status"], run["error"]) == ("finished", None)
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_from_its_initial_state(tmp_path, monkeypatch):
+    straight = Trainer(_config(tmp_path / "a", eval_every=2), progress=False)
+    straight.run()
+    config = _config(tmp_path / "b", eval_every=2)
+    _crash_at(monkeypatch, 3, RuntimeError("boom"))
+    with pytest.raises(RuntimeError):
+        Trainer(config, progress=False).run()
+    run_id = _only_run(tmp_path / "b")
+    assert not checkpoints.find_latest(checkpoints.root(tmp_path / "b", run_id))
+    monkeypatch.undo()
+    resumed = Trainer(config, resume=run_id, progress=False)
+    assert resumed.step == 0
+    resumed.run()
+    steps_a, steps_b = read_steps(tmp_path / "a", straight.writer.run_id), read_steps(tmp_path / "b", run_id)
+    assert steps_b["step"].tolist() == [0, 1, 2, 3]
+    assert steps_b["reward_mean"].tolist() == pytest.approx(steps_a["reward_mean"].tolist())
+    assert read_evals(tmp_path / "b", run_id)["step"].tolist() == [0, 2, 4]
+
+
+def test_ctrl_c_marks_the_run_stopped_and_a_second_writer_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    config = _config(tmp_path, checkpoint_every=1)
+    _crash_at(monkeypatch, 2, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(config, progress=False).run()
+    run_id = _only_run(tmp_path)
+    run = read_runs(tmp_path).iloc[0]
+    assert (run["status"], run["error"]) == ("stopped", "stopped by SIGINT (Ctrl-C)")
+    monkeypatch.undo()
+
+    first = Trainer(config, resume=run_id, progress=False)  # holds the run's lock
+    with pytest.raises(RunLocked, match=f"run '{run_id}' in .* is being written by another process"):
+        Trainer(config, resume=run_id, progress=False)
+    capsys.readouterr()
+    assert cli_main(["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(tmp_path, checkpoint_every=1),
+                     "--resume", run_id]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fastrl: error: run '{run_id}' in ") and "another process" in err[0]
+    first.run()
+    assert read_steps(tmp_path, run_id)["step"].tolist() == [0, 1, 2, 3]
+
+
+def test_sigterm_marks_the_run_stopped_and_prints_one_line(tmp_path):
+    command = [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+               *_overrides(tmp_path, steps=500)]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("runs/*/steps/step_000001.parquet")) and time.time() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err
+    lines = [line for line in err.splitlines() if line.startswith(("fastrl: stopped", "fastrl: error"))]
+    assert lines == ["fastrl: stopped by SIGTERM; a training run is marked stopped and continues with --resume "
+                     "RUN_ID"] and "Traceback" not in err
+    run = read_runs(tmp_path).iloc[0]
+    assert (run["status"], run["error"]) == ("stopped", "stopped by SIGTERM")
+
+
+def test_a_writer_killed_without_a_word_shows_no_heartbeat_and_frees_its_run(tmp_path):
+    code = ("import os, signal; from fastrl_core.store import RunWriter; "
+            f"w = RunWriter({str(tmp_path)!r}, name='killed', config={{}}, model='m', dataset='d', objective='o', "
+            "pruner='p', budget='b'); os.kill(os.getpid(), signal.SIGKILL)")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    run_id = _only_run(tmp_path)
+    assert read_runs(tmp_path).iloc[0]["state"] == "running"  # a fresh heartbeat: it could still be alive
+    beat = layout.heartbeat_file(tmp_path, run_id)
+    os.utime(beat, (time.time() - 3600, time.time() - 3600))
+    run = read_runs(tmp_path).iloc[0]
+    assert (run["status"], run["state"]) == ("running", "no heartbeat")
+    assert run_state("running", time.time() - 5) == "running" and run_state("finished", 0.0) == "finished"
+    RunWriter.resume(tmp_path, run_id).finish("stopped", "resumed and stopped")  # the OS freed its lock
+
+
+def test_interleaved_runs_share_one_loop_and_report_each_step(tmp_path):
+    trainers = {name: Trainer(_config(tmp_path, steps=2, run_name=name, eval_every=2), progress=False)
+                for name in ("first", "second")}
+    seen = []
+    ids = run_interleaved(trainers, on_step=lambda name, trainer, row, accuracy: seen.append(
+        (name, row["step"], accuracy is not None)))
+    assert sorted(seen) == [("first", 0, False), ("first", 1, True), ("second", 0, False), ("second", 1, True)]
+    runs = read_runs(tmp_path).set_index("run_id")
+    assert (runs.loc[list(ids.values()), "status"] == "finished").all()
+
+
+# ------------------------------------------------------------------------------------------------- checkpoints
+
+def _write_ok(folder: Path) -> None:
+    (folder / "policy").mkdir()
+    (folder / "policy" / "weights").write_bytes(b"w")
+    (folder / "trainer.pt").write_bytes(b"t")
+    (folder / "budget.json").write_text("{}")
+
+
+def test_a_checkpoint_swap_always_leaves_one_complete_checkpoint(tmp_path):
+    root = tmp_path / "checkpoints" / "run"
+    assert checkpoints.save(root, 2, _write_ok) == root / "step_000002"
+    assert (root / "latest").read_text() == "step_000002"
+
+    def disk_full(folder: Path) -> None:
+        (folder / "policy").mkdir()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.save(root, 4, disk_full)
+    assert checkpoints.find_latest(root) == root / "step_000002"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]  # the temp folder went with it
+
+    (root / ".tmp-step_000006-999").mkdir()  # a writer killed mid-save: never read, cleaned by the next save
+    (root / ".tmp-step_000006-999" / "trainer.pt").write_bytes(b"half")
+    assert checkpoints.find_latest(root) == root / "step_000002"
+    shutil.copytree(root / "step_000002", root / "step_000008")  # killed after the rename, before the pointer
+    assert checkpoints.find_latest(root) in (root / "step_000002", root / "step_000008")
+    (root / "latest").unlink()
+    assert checkpoints.find_latest(root) == root / "step_000008"
+    checkpoints.save(root, 10, _write_ok)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000010"]
+
+    old = tmp_path / "checkpoints" / "old"  # the layout before step folders: the old swap's complete .tmp is used
+    old.with_name("old.tmp").mkdir()
+    _write_ok(old.with_name("old.tmp"))
+    assert checkpoints.find_latest(old) == old.with_name("old.tmp")
+
+
+# --------------------------------------------------------------------------------------------- damaged files
+
+def _damage(store: Path, run_id: str) -> dict[str, Path]:
+    run_dir = layout.run_dir(store, run_id)
+    files = {table: run_dir / table / f"step_{step:06d}.parquet"
+             for table, step in (("steps", 1), ("rollouts", 2), ("groups", 3), ("images", 0))}
+    data = files["steps"].read_bytes()
+    files["steps"].write_bytes(data[: len(data) // 2])  # truncated
+    data = files["rollouts"].read_bytes()
+    files["rollouts"].write_bytes(data[: len(data) - 10])
+    files["groups"].unlink()  # deleted
+    files["images"].write_bytes(b"junk" * 100)
+    return files
+
+
+def test_damaged_files_are_skipped_named_and_quarantined(tmp_path, capsys):
+    run_id = write_synthetic_run(tmp_path, steps=6, prompts=3, rollouts_per_prompt=4, sketch_dim=8)
+    image_ref = read_rollouts(tmp_path, run_id, step=0, columns=["image_ref"], limit=1)["image_ref"][0]
+    _damage(tmp_path, run_id)
+
+    runs = read_runs(tmp_path)
+    assert runs.iloc[0]["steps"] == 5  # step 1's steps file is damaged: the step is not visible
+    assert read_steps(tmp_path, run_id)["step"].tolist() == [0, 2, 3, 4, 5]
+    assert sorted(set(read_rollouts(tmp_path, run_id)["step"])) == [0, 3, 4, 5]
+    assert sorted(set(read_groups(tmp_path, run_id)["step"])) == [0, 2, 4, 5]
+    with pytest.raises(FileNotFoundError):
+        read_image(tmp_path, image_ref)
+    assert compact(tmp_path, run_id).exists()
+    named = damaged_files(tmp_path)
+    prefix = f"runs/{run_id}/"
+    assert set(named) == {prefix + "steps/step_000001.parquet", prefix + "rollouts/step_000002.parquet",
+                          prefix + "groups/step_000003.parquet", prefix + "images/step_000000.parquet"}
+    assert named[prefix + "groups/step_000003.parquet"] == "missing"
+
+    assert [d.path for d in check_store(tmp_path)] == sorted(named)
+    assert cli_main(["store", "check", str(tmp_path)]) == 1
+    assert cli_main(["store", "check", str(tmp_path), "--quarantine"]) == 0
+    printed = capsys.readouterr().out
+    assert f"damaged: {prefix}groups/step_000003.parquet: missing" in printed and "quarantined:" in printed
+    assert check_store(tmp_path) == [] and cli_main(["store", "check", str(tmp_path)]) == 0
+    assert read_steps(tmp_path, run_id)["step"].tolist() == [0, 4, 5]  # damaged steps went whole
+    assert (tmp_path / "quarantine" / "runs" / run_id / "steps" / "step_000003.parquet").exists()
+    assert damaged_files(tmp_path) == {}
+
+
+def test_the_app_shows_a_notice_naming_a_damaged_file_instead_of_a_traceback(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    run_id = write_synthetic_run(tmp_path, steps=4, prompts=3, rollouts_per_prompt=4, sketch_dim=8)
+    steps_file = layout.step_file(tmp_path, run_id, "steps", 2)
+    steps_file.write_bytes(steps_file.read_bytes()[:100])
+    monkeypatch.setenv("FASTRL_STORE", str(tmp_path))
+    for page in (None, "views/budget.py"):
+        at = AppTest.from_file(str(REPO / "app" / "main.py"), default_timeout=60)
+        if page:
+            at.switch_page(page)
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert any(f"1 damaged steps file skipped: runs/{run_id}/steps/step_000002.parquet" in w.value
+                   for w in at.warning), [w.value for w in at.warning]
+    assert 'showErrorDetails = "none"' in (REPO / ".streamlit" / "config.toml").read_text()
+
+
+def test_a_copied_store_reads_its_own_files(tmp_path):
+    original = tmp_path / "original"
+    write_synthetic_run(original, steps=3, prompts=2, rollouts_per_prompt=2)
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    shutil.rmtree(original)
+    with layout.open_views(copy) as con:
+        assert con.sql("SELECT count(*) FROM steps").fetchall() == [(3,)]
+    done = subprocess.run([sys.executable, "-c", "import duckdb; print(duckdb.connect('store.duckdb', "
+                           "read_only=True).sql('SELECT count(*) FROM rollouts').fetchall())"],
+                          cwd=copy, capture_output=True, text=True)
+    assert done.stdout.strip() == "[(12,)]", done.stderr
+
+
+# ------------------------------------------------------------------------------------------------ bad inputs
+
+def _png(width: int = 4, height: int = 4, *, undecodable: bool = False) -> bytes:
+    """A grey PNG; `undecodable`: its IDAT holds bytes that are not zlib data, with a valid CRC."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
+    idat = b"\x78\x9c not zlib at all" if undecodable else zlib.compress(raw)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def test_a_png_with_valid_checksums_that_does_not_decode_is_a_bad_row(tmp_path):
+    (tmp_path / "good.png").write_bytes(_png())
+    (tmp_path / "bad.png").write_bytes(_png(undecodable=True))
+    rows = ['{"id": "a", "question": "q", "answer": "1", "image": "good.png"}',
+            '{"id": "b", "question": "q", "answer": "1", "image": "bad.png"}']
+    (tmp_path / "problems.jsonl").write_text("\n".join(rows) + "\n")
+    with pytest.raises(DataError, match=r"row 1 \(id 'b'\): image '.*bad.png' unreadable"):
+        load_problems(tmp_path)
+    loaded = load_problems(tmp_path, skip_bad=True)
+    assert [p.id for p in loaded] == ["a"] and len(loaded.skipped) == 1
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fail the test if a data set is generated or a model loads."""
+    import fastrl_core.policy
+    import fastrl_core.trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loaded data or a model before the up-front checks")
+
+    monkeypatch.setattr(fastrl_core.trainer, "load_datasets", refuse)
+    monkeypatch.setattr(fastrl_core.policy, "load_policy", refuse)
+
+
+def _error_line(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastrl: error: "), captured.err
+    return lines[0]
+
+
+def test_bad_inputs_are_one_line_before_anything_loads(tmp_path, capsys, nothing_loads):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes("steps: 3\nrun_name: caf\u00e9\n".encode("latin-1"))
+    assert _error_line(capsys, ["train", str(config)]) == (
+        f"fastrl: error: {config}: not UTF-8 text (byte 0xe9 at offset 22)")
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert _error_line(capsys, ["train", f"store_dir={a_file}"]) == (
+        f"fastrl: error: store_dir='{a_file}' is a file (the store must be a folder)")
+    assert _error_line(capsys, ["train", f"store_dir={a_file}/store"]) == (
+        f"fastrl: error: store_dir='{a_file}/store' cannot be made: '{a_file}' is a file (the store must be a folder)")
+    assert _error_line(capsys, ["train", f"store_dir={tmp_path}/s", "run_name="]) == (
+        "fastrl: error: run_name='' is empty; give a name (letters, digits, '.', '_', '-'; a timestamp is appended "
+        "for the run id)")
+    assert _error_line(capsys, ["train", f"store_dir={tmp_path}/s", "--resume", "nosuchrun"]) == (
+        f"fastrl: error: --resume 'nosuchrun': no such run in store '{tmp_path}/s' (it has no runs)")
+    assert not (tmp_path / "s" / "data").exists()
+
+
+def test_an_empty_dataset_is_one_line(tmp_path, capsys):
+    dataset = tmp_path / "empty"
+    dataset.mkdir()
+    (dataset / "problems.jsonl").write_text("")
+    with pytest.raises(DataError, match="no problems"):
+        load_problems(dataset)
+    assert _error_line(capsys, ["train", f"dataset={dataset}", f"store_dir={tmp_path}/store"]) == (
+        f"fastrl: error: {dataset / 'problems.jsonl'}: no problems (the file has no rows)")

@@ -79,16 +79,17 @@ def _mark(trainers: dict[str, Trainer], failed: str | None, error: BaseException
             trainer.writer.close()
 
 
-def run_interleaved(trainers: dict[str, Trainer], *, progress: bool = False,
+def run_interleaved(trainers: dict[str, Trainer], *, progress: bool = False, label: str | None = None,
                     on_step: StepCallback | None = None) -> dict[str, str]:
     """Train these runs to their end, one step each in turn; returns name -> run id.
 
-    progress: one bar over every run's steps (postfix: the run that just stepped, its reward, accuracy, kept
-    share, rollouts per prompt and last test accuracy). on_step(name, trainer, steps row, test accuracy or None)
-    after each step, its evaluation and checkpoint (a demo or a log line)."""
+    progress: one bar over every run's steps, named `label` (default: the run's name, or "N runs"); its postfix:
+    the run that just stepped, its reward, accuracy, kept share, rollouts per prompt and last test accuracy.
+    on_step(name, trainer, steps row, test accuracy or None) after each step, its evaluation and checkpoint (a demo
+    or a log line)."""
     current: str | None = None
     total = sum(t.config.steps for t in trainers.values())
-    desc = next(iter(trainers)) if len(trainers) == 1 else f"{len(trainers)} runs"
+    desc = label or (next(iter(trainers)) if len(trainers) == 1 else f"{len(trainers)} runs")
     bar = tqdm(total=total, initial=sum(min(t.step, t.config.steps) for t in trainers.values()),
                disable=not progress, desc=desc, dynamic_ncols=True)
     last_eval: dict[str, float] = {}

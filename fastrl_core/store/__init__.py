@@ -12,9 +12,9 @@ schemas: `fastrl_core.store.schema`; well-formed fake runs for tests and app wor
 
 from fastrl_core.store.check import check_store, quarantine
 from fastrl_core.store.compact import compact, compact_main
+from fastrl_core.store.damage import damaged_files
 from fastrl_core.store.layout import SAMPLED_SUFFIX, RunLocked, list_runs, sampled_split
 from fastrl_core.store.readers import (
-    damaged_files,
     latest_step,
     read_budget_matrix,
     read_evals,

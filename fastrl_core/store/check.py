@@ -2,7 +2,7 @@
 
 A file is damaged when it does not read whole (truncated, junk, a run.json that is not JSON), or when it is missing
 though its step is visible (a step's rollouts and groups files are written before its steps file). Readers skip
-such files already (`readers.damaged_files`); quarantining moves them to <store_dir>/quarantine/<same path> so
+such files already (`store.damaged_files`); quarantining moves them to <store_dir>/quarantine/<same path> so
 that nothing is deleted and the store reads clean again. A damaged steps, groups or rollouts file takes its whole
 step to quarantine (steps file first): a step stays all-or-nothing.
 """
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from fastrl_core.store import layout, readers
+from fastrl_core.store import layout
+from fastrl_core.store.damage import file_problem
 
 WHOLE_STEP_TABLES = ("steps", "groups", "rollouts")  # needed for a step to be whole; proj and images are extras
 
@@ -47,14 +48,14 @@ def check_store(store_dir: str | Path) -> list[Damage]:
             present = set(layout.step_numbers(store_dir, run_id, table))
             for step in sorted(present):
                 path = layout.step_file(store_dir, run_id, table, step)
-                problem = readers.file_problem(str(path))
+                problem = file_problem(str(path))
                 if problem is not None and problem != "missing":
                     note(path, problem)
             if table in ("groups", "rollouts"):
                 for step in sorted(visible - present):
                     note(layout.step_file(store_dir, run_id, table, step), "missing")
         for path in layout.eval_files(store_dir, run_id):
-            problem = readers.file_problem(path)
+            problem = file_problem(path)
             if problem is not None and problem != "missing":
                 note(path, problem)
     return sorted(found, key=lambda d: d.path)

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import duckdb
 
-from fastrl_core.store import layout, readers, schema
+from fastrl_core.store import damage, layout, readers, schema
 
 
 def compact(store_dir: str | Path, run_id: str) -> Path:
@@ -20,7 +20,7 @@ def compact(store_dir: str | Path, run_id: str) -> Path:
 
     Built under a temp name and renamed, so it can run on a live run (it is a snapshot) and readers of an older
     compact file keep theirs. Query it with `duckdb -readonly <file>`. Damaged files are left out as the readers
-    leave them out (a damaged steps file hides its step; `readers.damaged_files` lists them).
+    leave them out (a damaged steps file hides its step; `damage.damaged_files` lists them).
     """
     store_dir = Path(store_dir).resolve()
     meta = layout.read_run_json(store_dir, run_id)
@@ -76,12 +76,12 @@ def _create_tolerant(con: duckdb.DuckDBPyConnection, store_dir: Path, name: str,
                      columns: list, key: list = schema.STEP_KEY) -> None:
     """_create without the damaged files of `params` (the readers' rule: known ones left out, the rest checked
     one by one when DuckDB fails)."""
-    params = {k: [f for f in files if not readers._known_damaged(store_dir, f)] for k, files in params.items()}
+    params = {k: [f for f in files if not damage.known_damaged(store_dir, f)] for k, files in params.items()}
     for attempt in range(3):
         try:
             return _create(con, name, sql, params, columns, key)
         except (duckdb.Error, OSError):
-            bad = readers._sort_out(store_dir, [f for files in params.values() for f in files])
+            bad = damage.sort_out(store_dir, [f for files in params.values() for f in files])
             if not bad or attempt == 2:
                 raise
             con.execute(f"DROP TABLE IF EXISTS {name}")

@@ -7,8 +7,8 @@ run reads as an empty frame with the right columns instead of DuckDB's "No files
 
 A damaged file (truncated, junk, or missing while its step is visible) does not fail a read: when DuckDB fails on a
 list of files, each is checked alone, the damaged ones are left out (a damaged steps file hides its step) and
-noted, and the rest is read. `damaged_files(store_dir)` lists what this process skipped (the app shows it);
-`fastrl store check` scans the whole store and can quarantine them.
+noted, and the rest is read (`fastrl_core.store.damage`). `damaged_files(store_dir)` lists what this process
+skipped (the app shows it); `fastrl store check` scans the whole store and can quarantine them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from fastrl_core.store import layout, schema
+from fastrl_core.store import damage, layout, schema
+from fastrl_core.store.damage import damaged_files, file_problem  # noqa: F401  (importable from here too)
 
 _lock = threading.Lock()
 _connection: tuple[int, duckdb.DuckDBPyConnection] | None = None
@@ -55,100 +56,6 @@ def _retry_vanished(read):
                     raise
 
     return wrapper
-
-
-_damaged: dict[str, dict[str, tuple[tuple | None, str]]] = {}  # store -> {path: (stamp or None if missing, reason)}
-
-
-def _store_key(store_dir: Path) -> str:
-    return str(Path(store_dir).resolve())
-
-
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
-def _known_damaged(store_dir: Path, path: str) -> bool:
-    """Whether `path` was found damaged and is unchanged since (a replaced or restored file is read again)."""
-    with _lock:
-        entry = _damaged.get(_store_key(store_dir), {}).get(path)
-    if entry is None:
-        return False
-    if _stamp(path) == entry[0] and not (entry[0] is None and _step_vanished(path)):
-        return True
-    with _lock:
-        _damaged.get(_store_key(store_dir), {}).pop(path, None)
-    return False
-
-
-def file_problem(path: str) -> str | None:
-    """Why a store file cannot be read (its first line), or None when it reads whole."""
-    try:
-        pq.read_table(path)
-    except FileNotFoundError:
-        return "missing"
-    except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
-        return " ".join(str(error).split())[:200] or type(error).__name__
-    return None
-
-
-def _step_vanished(path: str) -> bool:
-    """A per-step file that is gone together with its step's steps file: the step is being re-written or was
-    dropped by a resume, which is not damage."""
-    name = Path(path).name
-    steps_file = Path(path).parent.parent / "steps" / name
-    return not os.path.exists(path) and not steps_file.exists()
-
-
-def _sort_out(store_dir: Path, files: list[str]) -> set[str]:
-    """The files of `files` that cannot be read; the damaged ones among them are noted for damaged_files."""
-    bad = set()
-    for path in files:
-        problem = file_problem(path)
-        if problem is None:
-            continue
-        bad.add(path)
-        if problem == "missing" and (Path(path).parent.name == "steps" or _step_vanished(path)):
-            continue  # a step not (or no longer) visible
-        with _lock:
-            _damaged.setdefault(_store_key(store_dir), {})[path] = (_stamp(path), problem)
-    return bad
-
-
-def _read_tolerant(store_dir: Path, files: list[str], read):
-    """`read(files)` without the damaged files: known ones are left out first; when DuckDB (or Arrow) still fails,
-    each file is checked alone and the bad ones are left out. `read` must accept an empty list."""
-    files = [f for f in files if not _known_damaged(store_dir, f)]
-    for attempt in range(3):
-        if not files:
-            return read([])
-        try:
-            return read(files)
-        except (duckdb.Error, OSError, ValueError):
-            bad = _sort_out(store_dir, files)
-            if not bad or attempt == 2:
-                raise
-            files = [f for f in files if f not in bad]
-
-
-def damaged_files(store_dir: str | Path) -> dict[str, str]:
-    """{path relative to the store: why} of the damaged files this process's readers skipped and that are still
-    damaged (unchanged, or still missing)."""
-    store_dir = Path(store_dir)
-    with _lock:
-        paths = list(_damaged.get(_store_key(store_dir), {}))
-    root = Path(_store_key(store_dir))
-    found = {}
-    for path in paths:
-        if _known_damaged(store_dir, path):
-            with _lock:
-                reason = _damaged[_store_key(store_dir)][path][1]
-            found[os.path.relpath(path, root)] = reason
-    return dict(sorted(found.items()))
 
 
 def _query_df(sql: str, params: dict) -> pd.DataFrame:
@@ -232,7 +139,7 @@ def _read_steps_files(store_dir: Path, files: list[str]) -> pd.DataFrame:
             return _empty(schema.STEP_KEY, schema.STEPS)
         return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY step", {"files": files})
 
-    return _read_tolerant(store_dir, files, read)
+    return damage.read_tolerant(store_dir, files, read)
 
 
 @_retry_vanished
@@ -256,7 +163,7 @@ def read_groups(store_dir: str | Path, run_id: str, *, step: int | Sequence[int]
         return _query_df("SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
                          "ORDER BY step, file_row_number", {"files": files})
 
-    return _read_tolerant(store_dir, files, read)
+    return damage.read_tolerant(store_dir, files, read)
 
 
 def read_budget_matrix(store_dir: str | Path, run_id: str) -> pd.DataFrame:
@@ -291,7 +198,7 @@ def _scan_rollouts(store_dir: Path, run_id: str, steps: list[int], columns: Sequ
         with _cursor() as cursor:
             return cursor.sql(sql, params={**params, "rollouts": files}).to_arrow_table()
 
-    return _read_tolerant(store_dir, _files(store_dir, run_id, "rollouts", steps), read)
+    return damage.read_tolerant(store_dir, _files(store_dir, run_id, "rollouts", steps), read)
 
 
 def _with_projection(frame: pd.DataFrame, store_dir: Path, run_id: str) -> pd.DataFrame:
@@ -307,7 +214,7 @@ def _with_projection(frame: pd.DataFrame, store_dir: Path, run_id: str) -> pd.Da
                                  "proj_x": pd.Series([], dtype=float), "proj_y": pd.Series([], dtype=float)})
         return _query_df("SELECT step, rollout_id, proj_x, proj_y FROM read_parquet($files)", {"files": files})
 
-    proj = _read_tolerant(store_dir, _files(store_dir, run_id, "proj", steps), read)
+    proj = damage.read_tolerant(store_dir, _files(store_dir, run_id, "proj", steps), read)
     stored = frame[["step", "rollout_id"]].merge(proj, on=["step", "rollout_id"], how="left")  # keeps frame order
     for name in ("proj_x", "proj_y"):
         if name in frame:
@@ -383,7 +290,7 @@ def read_evals(store_dir: str | Path, run_ids: Sequence[str] | str) -> pd.DataFr
         return _query_df("SELECT * FROM read_parquet($files, union_by_name=true) ORDER BY run_id, step, split",
                          {"files": files})
 
-    return _read_tolerant(store_dir, files, read)
+    return damage.read_tolerant(store_dir, files, read)
 
 
 @_retry_vanished
@@ -397,8 +304,8 @@ def read_image(store_dir: str | Path, image_ref: str) -> bytes:
         try:
             table = pq.read_table(path, columns=["image_ref", "png"], filters=[("image_ref", "==", image_ref)])
         except FileNotFoundError:
-            if not _step_vanished(path):
-                _sort_out(Path(store_dir), [path])
+            if not damage.step_vanished(path):
+                damage.sort_out(Path(store_dir), [path])
             with _lock:
                 _images_cache.get(str(Path(store_dir).resolve()), {}).pop(path, None)
             continue  # a resumed run removed it: look again
@@ -431,7 +338,7 @@ def _image_index(store_dir: Path, image_ref: str) -> str | None:
             return _query_df("SELECT filename, list(image_ref) AS refs FROM read_parquet($files, filename=true) "
                              "GROUP BY filename", {"files": files})
 
-        frame = _read_tolerant(store_dir, new, read)
+        frame = damage.read_tolerant(store_dir, new, read)
         for path, refs in zip(frame["filename"], frame["refs"]):
             known[path] = (stamps[path], list(refs))
     found = next((path for path, (_, refs) in known.items() if image_ref in refs), None)
@@ -501,9 +408,7 @@ def read_runs(store_dir: str | Path) -> pd.DataFrame:
         except FileNotFoundError:
             continue
         except (ValueError, OSError) as error:
-            with _lock:
-                _damaged.setdefault(_store_key(store_dir), {})[str(path)] = (_stamp(str(path)),
-                                                                              " ".join(str(error).split())[:200])
+            damage.note_damaged(store_dir, str(path), " ".join(str(error).split())[:200])
             continue
         row = {c.name: meta.get(c.name) for c in schema.RUNS}
         row["run_id"] = run_id
@@ -540,7 +445,7 @@ def _step_totals(store_dir: Path, run_id: str) -> dict:
 
 def _eval_headlines(store_dir: Path, run_ids: list[str]) -> pd.DataFrame:
     files = [f for run_id in run_ids for f in layout.eval_files(store_dir, run_id)]
-    return _read_tolerant(store_dir, files, _eval_headline_query)
+    return damage.read_tolerant(store_dir, files, _eval_headline_query)
 
 
 def _eval_headline_query(files: list[str]) -> pd.DataFrame:

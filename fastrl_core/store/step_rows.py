@@ -13,7 +13,7 @@ Definitions (one place each):
   rewards. `accuracy`: mean of the accuracy rewards given (NaN without any). `format_rate`: mean format reward
   (only when format rewards are given).
 - a rollout's recorded `weight` is its loss weight when kept and 0 when pruned.
-- the split of a step's rollouts (`fastrl_core.metrics.rollout_split` reads it), given `nominal_per_prompt` n (the
+- the split of a step's rollouts (`fastrl_core.savings.rollout_split` reads it), given `nominal_per_prompt` n (the
   fixed budget's count, what plain GRPO samples per prompt): `rollouts_nominal` = G·n; `rollouts_skipped` = G·n − N,
   what the budget did not sample; `rollouts_merged`: copies of an identical completion of their group (multiplicity
   0: every method that merges duplicates skips them, whatever the pruner decided about their representative);

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import re
 import time
@@ -53,12 +52,13 @@ from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
 from fastrl_core.algo.sketches import make_projection, token_sketch
 from fastrl_core.checks import check_config, check_environment
-from fastrl_core.config import ConfigError, TrainConfig
+from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine, Rollouts
-from fastrl_core.engines.resolve import ENGINES, PROJECTED_SKETCHES, resolve_sketch
+from fastrl_core.engines.resolve import PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import RewardParts, score_completions
+from fastrl_core.run_setup import load_datasets, make_engine, preflight  # importable from here too
 from fastrl_core.store import RunWriter, StepResult, image_key, sampled_split, step_rows
 from fastrl_core.store import layout as store_layout
 
@@ -150,65 +150,6 @@ class _KeptRows:
     advantages: torch.Tensor
     weights: torch.Tensor
     multiplicity: torch.Tensor | None
-
-
-def preflight(config: TrainConfig, resume: str | None) -> int | None:
-    """What can be checked before any data set is generated or model loaded: the store folder can be made, the
-    run name is usable, and a run to resume exists (and is not being written: its lock is taken and returned)."""
-    store = Path(config.store_dir)
-    existing = store  # the store folder, or its nearest existing parent (nothing is created before the data checks)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "is a file" if existing == store else f"cannot be made: {str(existing)!r} is a file"
-        raise ConfigError(f"store_dir={config.store_dir!r} {where} (the store must be a folder)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"store_dir={config.store_dir!r}: no permission to write in {str(existing)!r}")
-    if not config.run_name.strip():
-        raise ConfigError(f"run_name={config.run_name!r} is empty; give a name (letters, digits, '.', '_', '-'; "
-                          "a timestamp is appended for the run id)")
-    if resume is None:
-        return None
-    if not isinstance(resume, str) or not store_layout.RUN_ID.fullmatch(resume) or not (
-            store_layout.run_dir(store, resume) / "run.json").is_file():
-        known = store_layout.list_runs(store)
-        raise ConfigError(f"--resume {resume!r}: no such run in store {config.store_dir!r} ("
-                          + (f"runs: {', '.join(known[-5:])}" if known else "it has no runs") + ")")
-    return store_layout.lock_run(store, resume)
-
-
-def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
-    from fastrl_core.data.problems import load_problems
-
-    if config.dataset == "synthetic":
-        from fastrl_core.data.synthetic import ensure_dataset
-
-        root = ensure_dataset(Path(config.store_dir) / "data", n_train=config.synthetic_train,
-                              n_test=config.synthetic_test, seed=0, kinds=config.synthetic_kinds or None,
-                              levels=config.synthetic_levels or None)
-        return load_problems(root / config.train_split), load_problems(root / config.test_split)
-    return (load_problems(config.dataset, split=config.train_split, skip_bad=config.dataset_skip_bad),
-            load_problems(config.dataset, split=config.test_split, skip_bad=config.dataset_skip_bad))
-
-
-def make_engine(config: TrainConfig, policy: Policy, projection: SketchProjection | None) -> Engine:
-    """The rollout engine `config.engine` on `policy`; `projection` is set exactly when the resolved sketch
-    (`resolve_sketch`) is computed while sampling (lm_head on HF, logprob on vLLM), and sketch_top_k goes to the
-    engine as given."""
-    if config.engine == "hf":
-        from fastrl_core.engines.hf import HFEngine
-
-        return HFEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
-                        temperature=config.temperature, sketch_projection=projection,
-                        sketch_top_k=config.sketch_top_k or None,  # 0 = the whole vocabulary
-                        share_prompts=config.share_prompts)
-    if config.engine == "vllm":
-        from fastrl_core.engines.vllm import VLLMEngine
-
-        return VLLMEngine(policy, template=config.template, max_new_tokens=config.max_new_tokens,
-                          temperature=config.temperature, sketch_projection=projection,
-                          sketch_top_k=config.sketch_top_k, share_prompts=config.share_prompts)
-    raise ValueError(f"unknown engine {config.engine!r}; choose one of {sorted(ENGINES)}")
 
 
 class Trainer:

@@ -1,0 +1,72 @@
+"""Load time of every dashboard page in headless Chromium, on a store a real run wrote (e.g. `fastrl demo`'s).
+
+    .venv/bin/python benchmarks/bench_pages.py --store runs               # serves the store itself
+    .venv/bin/python benchmarks/bench_pages.py --url http://127.0.0.1:8501  # an app already serving
+
+A page's time runs from `goto` until Streamlit has no script running and the network is idle (charts drawn);
+each page is loaded `--repeats` times in a fresh tab and the median and range are printed. `bench_app.py` times
+the same pages without a browser (AppTest) on a large synthetic store. Run on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+PAGES = ("runs", "budget", "rollouts", "embeddings", "demo")
+CHROMIUM = "/usr/bin/chromium"
+IDLE = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+
+
+def time_page(browser, url: str) -> float:
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page.set_default_timeout(120_000)
+    try:
+        start = time.perf_counter()
+        page.goto(url)
+        page.wait_for_selector("[data-testid='stMainBlockContainer']")
+        page.wait_for_timeout(300)  # let the first script run start
+        page.wait_for_function(IDLE)
+        page.wait_for_load_state("networkidle")
+        return time.perf_counter() - start
+    finally:
+        page.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, help="serve this store on --port")
+    parser.add_argument("--url", help="an app already serving")
+    parser.add_argument("--port", type=int, default=8597)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if (args.store is None) == (args.url is None):
+        parser.error("give exactly one of --store and --url")
+    from playwright.sync_api import sync_playwright
+
+    app = None
+    if args.store is not None:
+        from app.launch import serve
+
+        app = serve(args.store, port=args.port)
+    base = args.url or f"http://127.0.0.1:{args.port}"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            time_page(browser, f"{base}/runs")  # warm-up: the app process's imports
+            print(f"page load in headless Chromium, {args.repeats} loads each (s): median [min, max]")
+            for name in PAGES:
+                seconds = [time_page(browser, f"{base}/{name}") for _ in range(args.repeats)]
+                print(f"  {name:<11} {statistics.median(seconds):5.2f} [{min(seconds):.2f}, {max(seconds):.2f}]")
+            browser.close()
+    finally:
+        if app is not None:
+            app.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

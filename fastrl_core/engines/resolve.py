@@ -33,10 +33,13 @@ ENGINES: dict[str, EngineSpec] = {
     "vllm": EngineSpec(frozenset({"logprob", "tokens"}), same_numerics=False, needs_top_k=True, devices=("cpu", "cuda")),
 }
 AUTO = "auto"  # config value: choose_engine decides
-# The width (text hidden size) from which `auto` takes vLLM on CPU; None = never on CPU. Inside the trainer at the
-# embedded width (128) the HF engine generated 2.9x faster than vLLM-CPU (NOTES §8); where the lines cross for wider
-# models is what benchmarks/bench_engines.py measures on a quiet machine, and this constant records it.
-CPU_VLLM_MIN_HIDDEN: int | None = None
+# Where `auto` takes vLLM on CPU: text hidden size >= CPU_VLLM_MIN_HIDDEN and vocabulary <= CPU_VLLM_MAX_VOCAB.
+# benchmarks/bench_engines.py, quiet 2-core machine, 2026-12-06, 16 x 8 rollouts, generate s HF / vLLM without a
+# sketch: hidden 128 (482-token vocabulary) 0.27 / 0.26, 512 1.78 / 1.14, 1024 7.05 / 2.77; 3B widths with the
+# real 151,936-token vocabulary and 2 layers 38.3 / 60.4 (vLLM-CPU slower). The vocabulary bound lies between the
+# two measured (docs/results.md, "Engines").
+CPU_VLLM_MIN_HIDDEN: int | None = 512
+CPU_VLLM_MAX_VOCAB: int = 32_768
 # sketch kinds the engine computes while sampling, from a random projection of the policy's output layer
 PROJECTED_SKETCHES = frozenset({"lm_head", "logprob"})
 
@@ -83,13 +86,14 @@ def resolve_recompute_old_logprobs(engine: str, value: bool | None) -> bool:
 
 
 def choose_engine(device_type: str, sketch: str, pruner: str, *, vllm_importable: bool,
-                  hidden_size: int | None = None) -> tuple[str, str]:
+                  hidden_size: int | None = None, vocab_size: int | None = None) -> tuple[str, str]:
     """(engine, reason) for `engine=auto`. The rule, in order, for a pruner that reads a sketch:
     the engine that can give it (`logprob`: vllm, `lm_head`: hf, which has the hidden states); then:
     1. vLLM must import here, else hf;
     2. on CUDA: vllm (paged KV cache and CUDA graphs; what TRL, verl and EasyR1 sample with);
-    3. on CPU: vllm when the model's text hidden size is at least `CPU_VLLM_MIN_HIDDEN` (set from the engine bench),
-       else hf (faster at the embedded size; an unknown width counts as small)."""
+    3. on CPU: vllm when the model's text hidden size is at least `CPU_VLLM_MIN_HIDDEN` and its vocabulary at most
+       `CPU_VLLM_MAX_VOCAB` (both from the engine bench), else hf (an unknown width counts as small, an unknown
+       vocabulary as large)."""
     from fastrl_core.algo.pruners import SKETCH_PRUNERS
 
     reads_sketch = pruner in SKETCH_PRUNERS
@@ -101,16 +105,24 @@ def choose_engine(device_type: str, sketch: str, pruner: str, *, vllm_importable
         return "hf", "vllm does not import here"
     if device_type == "cuda":
         return "vllm", "vLLM on a GPU"
-    if device_type == "cpu" and CPU_VLLM_MIN_HIDDEN is not None and hidden_size is not None \
-            and hidden_size >= CPU_VLLM_MIN_HIDDEN:
-        return "vllm", f"hidden size {hidden_size} >= {CPU_VLLM_MIN_HIDDEN}, where vLLM-CPU generates faster"
-    threshold = "no width yet" if CPU_VLLM_MIN_HIDDEN is None else f"hidden size {hidden_size} < {CPU_VLLM_MIN_HIDDEN}"
-    return "hf", f"on {device_type} the HF engine is faster at this size ({threshold}; engines.resolve)"
+    wide = CPU_VLLM_MIN_HIDDEN is not None and hidden_size is not None and hidden_size >= CPU_VLLM_MIN_HIDDEN
+    small_vocabulary = vocab_size is not None and vocab_size <= CPU_VLLM_MAX_VOCAB
+    if device_type == "cpu" and wide and small_vocabulary:
+        return "vllm", (f"hidden size {hidden_size} >= {CPU_VLLM_MIN_HIDDEN} and vocabulary {vocab_size} <= "
+                        f"{CPU_VLLM_MAX_VOCAB}, where vLLM-CPU generated faster")
+    if CPU_VLLM_MIN_HIDDEN is None:
+        why = "no width yet"
+    elif not wide:
+        why = f"hidden size {hidden_size} < {CPU_VLLM_MIN_HIDDEN}"
+    else:
+        why = f"vocabulary {vocab_size} > {CPU_VLLM_MAX_VOCAB} or unknown"
+    return "hf", f"on {device_type} the HF engine is faster at this size ({why}; engines.resolve)"
 
 
-def model_hidden_size(model: str) -> int | None:
-    """The text hidden size from a local checkpoint's config.json ("embedded": the shipped warm start), without
-    loading weights; None for a hub name (a config check downloads nothing) or a config without one."""
+def model_hidden_size(model: str, key: str = "hidden_size") -> int | None:
+    """The text hidden size (or another text-config `key`, e.g. "vocab_size") from a local checkpoint's
+    config.json ("embedded": the shipped warm start), without loading weights; None for a hub name (a config
+    check downloads nothing) or a config without one."""
     import json
     from pathlib import Path
 
@@ -120,5 +132,5 @@ def model_hidden_size(model: str) -> int | None:
     except (OSError, ValueError):
         return None
     text = config.get("text_config") or config
-    size = text.get("hidden_size", config.get("hidden_size"))
+    size = text.get(key, config.get(key))
     return int(size) if isinstance(size, int) else None

@@ -138,6 +138,7 @@ def test_rollouts_deep_link_and_the_other_pages_render(served, page):
     prompt = prompt.iloc[0] if len(prompt) else groups["prompt_id"].iloc[0]
     page.goto(f"{url}/rollouts?run={run_id}&step=1&prompt={prompt}")
     page.wait_for_selector(f"text=prompt {prompt}")
+    page.wait_for_selector("[data-testid='stImage'] img")  # the caption can be drawn before the image arrives
     assert page.locator("[data-testid='stImage'] img").count() >= 1
     page.screenshot(path=str(SCREENSHOTS / "rollouts.png"))
     for name, path, marker in (("runs", "runs", "Compare runs"),

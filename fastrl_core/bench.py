@@ -121,10 +121,12 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> d
     return found
 
 
-def train_interleaved(configs: dict[str, TrainConfig], log=print) -> dict[str, str]:
+def train_interleaved(configs: dict[str, TrainConfig], log=print, *, progress: bool = False,
+                      label: str | None = None) -> dict[str, str]:
     """Train one seed's methods round-robin with `run_loop.run_interleaved` (the loop of `Trainer.run`, one
-    `train_step()` each in turn, the order rotated every round); returns method -> run id. Logs a line at each
-    evaluation."""
+    `train_step()` each in turn, the order rotated every round; `progress`/`label`: its one progress bar); returns
+    method -> run id. Logs a line at each evaluation. Should a later run fail to start, the runs already started
+    are marked stopped, so none stays "running"."""
     from fastrl_core.run_loop import run_interleaved
     from fastrl_core.trainer import Trainer
 
@@ -134,8 +136,15 @@ def train_interleaved(configs: dict[str, TrainConfig], log=print) -> dict[str, s
             log(f"  seed {config.seed} {method}: step {trainer.step}/{config.steps} "
                 f"train {trainer.train_seconds:.1f} s, test accuracy {accuracy:.3f}")
 
-    trainers = {method: Trainer(config, progress=False) for method, config in configs.items()}
-    return run_interleaved(trainers, on_step=on_step)
+    trainers: dict[str, Trainer] = {}
+    try:
+        for method, config in configs.items():
+            trainers[method] = Trainer(config, progress=False)
+    except BaseException as error:
+        for trainer in trainers.values():
+            trainer.writer.finish("stopped", f"another run of this seed failed to start: {error}")
+        raise
+    return run_interleaved(trainers, progress=progress, label=label, on_step=on_step)
 
 
 # ----------------------------------------------------------------------------------------------- report

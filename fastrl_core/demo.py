@@ -27,27 +27,14 @@ def demo_configs(store: Path, overrides: list[str], seed: int = 0, config: Path 
 
 
 def train_demo(store: Path, overrides: list[str], *, show_progress: bool = True) -> dict[str, str]:
-    """Train the demo's two runs into `store` through the one run loop (`run_loop.run_interleaved`: a step of
-    each in turn, one progress bar over both, Ctrl-C / SIGTERM / errors mark the runs); method -> run id."""
+    """Train the demo's two runs into `store` as `fastrl bench` trains one seed (`bench.train_interleaved`: a step
+    of each in turn, one progress bar over both, Ctrl-C / SIGTERM / errors mark the runs); method -> run id."""
     from tqdm.auto import tqdm
 
-    from fastrl_core.run_loop import run_interleaved
-    from fastrl_core.trainer import Trainer
+    from fastrl_core.bench import train_interleaved
 
-    trainers: dict = {}
-    try:
-        for method, config in demo_configs(store, overrides).items():
-            trainers[method] = Trainer(config, progress=False)
-    except BaseException as error:  # the second run failed to start: the first must not stay "running"
-        for trainer in trainers.values():
-            trainer.writer.finish("stopped", f"the other demo run failed to start: {error}")
-        raise
-
-    def evaluated(method: str, trainer, row: dict, accuracy: float | None) -> None:
-        if accuracy is not None:
-            tqdm.write(f"  {method}: step {trainer.step}, greedy test accuracy {accuracy:.3f}", file=sys.stdout)
-
-    return run_interleaved(trainers, progress=show_progress, label="demo (both runs)", on_step=evaluated)
+    return train_interleaved(demo_configs(store, overrides), log=lambda line: tqdm.write(line, file=sys.stdout),
+                             progress=show_progress, label="demo (both runs)")
 
 
 def run_demo(*, store: Path, port: int, address: str, steps: int | None, overrides: list[str] | None = None,

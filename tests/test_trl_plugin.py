@@ -138,14 +138,15 @@ def test_select_rows_keeps_images_with_their_rows():
 
 
 # ---- a real TRL run ----------------------------------------------------------------------------------------------
-def _tiny_model_dir(tmp_path):
+def _tiny_model_dir(tmp_path, hidden_size: int = 32):
+    """A 1-layer Qwen2 (2 heads, head_dim hidden_size / 2) and its tokenizer saved under tmp_path / "model"."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from fastrl_core.policy import build_tokenizer
 
     tokenizer = build_tokenizer(["count the dots: one two three four five six", "the answer is 1 2 3 4 5"] * 10,
                                 vocab_size=300)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
@@ -341,31 +342,21 @@ def test_trl_colocate_mode_samples_with_vllm_on_cpu_and_syncs_each_step(tmp_path
     (fastrl_core.engines.vllm.reload_colocated_weights), after which vLLM's log-probs track the trained policy
     (TRL's own sampling_logp_difference metric). head_dim 32: vLLM-CPU's attention has no kernel for 16."""
     from datasets import Dataset
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     from trl import GRPOConfig
 
     from fastrl_core.integrations.trl import FastRLGRPOTrainer
-    from fastrl_core.policy import build_tokenizer
     from fastrl_core.store import list_runs, read_steps
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     torch.set_num_threads(2)
-    tokenizer = build_tokenizer(["count the dots: one two three four five six", "the answer is 1 2 3 4 5"] * 10,
-                                vocab_size=300)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+    model_dir, tokenizer = _tiny_model_dir(tmp_path, hidden_size=64)
     dataset = Dataset.from_dict({"prompt": [f"count {i} dots" for i in range(12)], "id": [f"p{i}" for i in range(12)],
                                  "answer": [str(i % 5) for i in range(12)]})
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=6, max_steps=3, learning_rate=1e-2, seed=0, use_cpu=True, report_to=[],
                       save_strategy="no", logging_steps=1, disable_tqdm=True, use_vllm=True, vllm_mode="colocate",
                       vllm_max_model_length=128)
-    trainer = FastRLGRPOTrainer(model=str(tmp_path / "model"), reward_funcs=[_varied_reward], args=args,
+    trainer = FastRLGRPOTrainer(model=str(model_dir), reward_funcs=[_varied_reward], args=args,
                                 train_dataset=dataset, processing_class=tokenizer, pruner="fastrl", keep_ratio=0.5,
                                 store_dir=str(tmp_path / "store"), run_name="trl-vllm")
     synced = []

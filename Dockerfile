@@ -30,16 +30,17 @@ RUN apt-get update \
  && python3 -m venv "$VIRTUAL_ENV" \
  && pip install --upgrade pip
 
-# The GPU pins (constraints/gpu.txt): torch/torchvision/transformers follow vLLM 0.33. Editable install, so
-# data/warmstart and scripts/ stay next to the code. COPY takes the context .dockerignore leaves: everything but
-# .git, tests, environments, runs and caches.
-COPY . /opt/fastrl/src
-RUN pip install -c /opt/fastrl/src/constraints/gpu.txt -e "/opt/fastrl/src[gpu,app,trl]" \
- && python -c "from importlib.metadata import version; from fastrl_core.engines.vllm import VLLMEngine; \
+# The GPU pins (constraints/gpu.txt): torch/torchvision/transformers follow vLLM 0.33. The package is installed as a
+# user installs it, not editable: its configs and the embedded warm start ship inside it (package data), and the
+# source copy is removed after. scripts/ (gpu_check.py, fault_injection.py) is not part of the package: copied in.
+# COPY takes the context .dockerignore leaves: everything but .git, tests, environments, runs and caches.
+COPY . /tmp/fastrl-src
+RUN pip install -c /tmp/fastrl-src/constraints/gpu.txt "/tmp/fastrl-src[gpu,app,trl]" \
+ && mkdir -p /workspace && cp -r /tmp/fastrl-src/scripts /workspace/scripts && rm -rf /tmp/fastrl-src \
+ && cd /workspace && python -c "from importlib.metadata import version; from fastrl_core.engines.vllm import VLLMEngine; \
 from fastrl_core.integrations.trl import FastRLGRPOTrainer; print('fastrl', version('fastrl'), 'vllm', version('vllm'))"
 
 WORKDIR /workspace
-RUN ln -s /opt/fastrl/src/scripts /workspace/scripts
 EXPOSE 8501
 ENTRYPOINT ["fastrl"]
 CMD ["--help"]

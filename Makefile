@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt constraints/fastrl_torchvision_shim
 
 setup: $(STAMP)
 
-## The main job: FastRL and GRPO trained interleaved (configs/demo.yaml, 2.5 min on a quiet 2-core machine), live dashboard.
+## The main job: FastRL and GRPO trained interleaved (the demo config, 2.5 min on a quiet 2-core machine), live dashboard.
 demo: setup
 	$(BIN)/fastrl demo
 

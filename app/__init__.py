@@ -1,4 +1,7 @@
-"""The FastRL dashboard (Streamlit): `fastrl app --store DIR` or `streamlit run app/main.py -- --store DIR`.
+"""The layer above the library, installed as `fastrl_app` (this folder is `app/` in the checkout): the `fastrl`
+command (`cli`; `bench` and `demo` are its training commands, `report` writes the Demo page as one HTML file) and
+the Streamlit dashboard (`main` routes to the pages in `views/`; `fastrl app --store DIR` serves it).
 
-It reads the run store only through `fastrl_core.store`'s read functions and never writes to it.
+The dashboard reads the run store only through `fastrl_core.store`'s read functions and never writes to it.
+`fastrl_core` imports nothing from here.
 """

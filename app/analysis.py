@@ -182,7 +182,7 @@ def multiplicity(rollouts: pd.DataFrame) -> pd.Series:
 
 
 def split_sentence(totals: dict, passes: list[str]) -> str:
-    """What the run did with its nominal rollouts (`metrics.split_totals`), naming only the passes that ran."""
+    """What the run did with its nominal rollouts (`savings.split_totals`), naming only the passes that ran."""
     nominal = totals["nominal"]
     if not nominal:
         return "No step recorded the split of its rollouts yet."
@@ -196,7 +196,7 @@ def split_sentence(totals: dict, passes: list[str]) -> str:
 
 
 def credit_sentence(method: str, baseline: str, credit: dict) -> str:
-    """The saving credited to the method over its GRPO run (`metrics.credited_saving`), in points of nominal."""
+    """The saving credited to the method over its GRPO run (`savings.credited_saving`), in points of nominal."""
     if not np.isfinite(credit["total"]):
         return "No rollouts recorded yet to credit."
     return (f"Against {baseline}, {method} sent **{credit['total']:.1%} fewer** of its nominal rollouts into the "

@@ -8,8 +8,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from app.palette import DECISION_COLOURS, KEPT_COLOURS, SPLIT_COLOURS, method_colour
-from fastrl_core.metrics import SPLIT_LABELS, SPLIT_PARTS
+from fastrl_app.palette import DECISION_COLOURS, KEPT_COLOURS, SPLIT_COLOURS, method_colour
+from fastrl_core.savings import SPLIT_LABELS, SPLIT_PARTS
 
 PHASE_COLOURS = px.colors.qualitative.Set2
 
@@ -92,7 +92,7 @@ def prompt_timeline(visits: pd.DataFrame, *, revision: str) -> go.Figure:
 
 def split_areas(split: pd.DataFrame, *, revision: str) -> go.Figure:
     """Per step, the nominal rollouts (plain GRPO's prompts × n) stacked by what became of them
-    (metrics.rollout_split): skipped by the budget, merged as duplicates, pruned by the rule, kept."""
+    (savings.rollout_split): skipped by the budget, merged as duplicates, pruned by the rule, kept."""
     fig = go.Figure()
     for part in reversed(SPLIT_PARTS):  # kept at the bottom
         fig.add_bar(x=split["step"], y=split[part], name=SPLIT_LABELS[part], marker_color=SPLIT_COLOURS[part],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data
+from fastrl_app import cached
 
 PAGES = Path(__file__).parent / "views"
 
@@ -24,4 +24,4 @@ navigation = st.navigation([
     st.Page(PAGES / "demo.py", title="Demo", icon=":material/slideshow:", url_path="demo"),
 ])
 navigation.run()
-data.damage_notice()  # the damaged store files the page's reads skipped, named
+cached.damage_notice()  # the damaged store files the page's reads skipped, named

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 from markdown_it import MarkdownIt
 
-from app import analysis, charts, palette
-from fastrl_core import metrics, store
+from fastrl_app import analysis, charts, palette
+from fastrl_core import metrics, savings, store
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{margin-bottom:0}.caption{color:#666;font-size:.9em}.metrics{display:flex;gap:2em;flex-wrap:wrap}
@@ -121,17 +121,17 @@ def render(store_dir: str | Path, run_id: str | None = None) -> str:
     # 2. where the rollouts went
     parts.append("<h2 style='clear:both'>2 · Where the rollouts went</h2>")
     mine_steps = steps[steps["run_id"] == run_id]
-    if all(metrics.has_split(steps[steps["run_id"] == r]) for r in ids):
+    if all(savings.has_split(steps[steps["run_id"] == r]) for r in ids):
         totals = pd.DataFrame([{"run": f"{labels.loc[r, 'method']} · {r}",
-                                **metrics.split_totals(metrics.rollout_split(steps[steps["run_id"] == r]))}
+                                **savings.split_totals(savings.rollout_split(steps[steps["run_id"] == r]))}
                                for r in ids])
         config = json.loads(by_id.loc[run_id, "config"]) if isinstance(by_id.loc[run_id, "config"], str) else {}
-        passes = metrics.passes_after_pruning(mine_steps, config)
+        passes = savings.passes_after_pruning(mine_steps, config)
         parts.append(_figure(charts.split_bars(totals, revision="report"), first))
         parts.append(_md(analysis.split_sentence(totals.iloc[0].to_dict(), passes)))
         if base_id:
             parts.append(_md(analysis.credit_sentence(
-                "FastRL", "GRPO", metrics.credited_saving(totals.iloc[0].to_dict(), totals.iloc[1].to_dict()))))
+                "FastRL", "GRPO", savings.credited_saving(totals.iloc[0].to_dict(), totals.iloc[1].to_dict()))))
         parts.append(_table(totals))
         per_prompt = steps.assign(method=steps["run_id"].map(labels["method"]))
         parts.append(_figure(charts.metric_lines(per_prompt, x="step", y="rollouts_per_prompt", colour="method",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import analysis, data
+from fastrl_app import analysis, cached
 
 LIVE_EVERY = "2s"  # fragment refresh interval while a run is writing steps
 STATUS_ICON = {"running": ":green[:material/play_circle:]", "finished": ":material/check_circle:",
@@ -27,12 +27,12 @@ def is_live(run: pd.Series) -> bool:
 
 def wait_for_runs() -> None:
     """Tell the user the store is empty and rerun the app as soon as a run appears."""
-    st.info(f"No runs in the store `{data.store_dir()}` yet. Start one with "
+    st.info(f"No runs in the store `{cached.store_dir()}` yet. Start one with "
             "`fastrl train store_dir=...` or `fastrl demo`; this page updates by itself.")
 
     @st.fragment(run_every=LIVE_EVERY)
     def poll() -> None:
-        if not data.runs().empty:
+        if not cached.runs().empty:
             st.rerun(scope="app")
 
     poll()
@@ -40,7 +40,7 @@ def wait_for_runs() -> None:
 
 def runs_or_wait() -> pd.DataFrame:
     """Every run in the store; on an empty store, say so, wait for one and stop the page here."""
-    runs = data.runs()
+    runs = cached.runs()
     if runs.empty:
         wait_for_runs()
         st.stop()
@@ -51,7 +51,7 @@ def run_with_steps(empty_message: str, *, default: str | None = None) -> tuple[p
     """Pick a run (captioned) and read its steps; before the run's first step, say `empty_message` and stop."""
     run = pick_run(runs_or_wait(), default=default)
     run_caption(run)
-    steps = data.steps([run["run_id"]])
+    steps = cached.steps([run["run_id"]])
     if steps.empty:
         st.info(empty_message)
         st.stop()
@@ -69,7 +69,7 @@ def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run", defa
         live = runs[[status(r) == "running" for _, r in runs.iterrows()]]
         wanted = default if default in ids else live.iloc[0]["run_id"] if not live.empty else ids[0]
         if linked:
-            st.warning(f"The link asks for run `{linked}`, which is not in this store (`{data.store_dir()}`); "
+            st.warning(f"The link asks for run `{linked}`, which is not in this store (`{cached.store_dir()}`); "
                        f"showing `{wanted}` instead.")
     by_id = runs.set_index("run_id", drop=False)
     chosen = st.sidebar.selectbox(
@@ -99,7 +99,7 @@ def pick_step(step_ids: list[int], run_id: str, *, key: str) -> int:
 
 def current(run_id: str) -> pd.Series:
     """The run's row as it is now (status and step count move while it trains)."""
-    return data.runs().set_index("run_id", drop=False).loc[run_id]
+    return cached.runs().set_index("run_id", drop=False).loc[run_id]
 
 
 def run_caption(run: pd.Series, *, refreshing: bool = False) -> None:
@@ -131,7 +131,7 @@ ACCURACY = {"greedy": "greedy test accuracy", "sampled (mean@k)": "sampled test 
 def accuracy_choice(run_ids: list[str], *, key: str) -> tuple[bool, str]:
     """(sampled?, y-axis title): a greedy / mean@k switch when any of the runs recorded mean@k, else greedy.
     Greedy accuracy can flip on near-ties between evaluations; mean@k follows the expected reward (docs/results.md)."""
-    if not data.has_sampled(run_ids):
+    if not cached.has_sampled(run_ids):
         return False, ACCURACY["greedy"]
     choice = st.radio("accuracy", list(ACCURACY), horizontal=True, key=key,
                       help="Greedy decoding, or the mean accuracy of k completions per problem sampled at the "

@@ -23,7 +23,7 @@ import numpy as np
 
 def build_store(root: Path, steps: int, prompts: int, rollouts_per_prompt: int, sketch_dim: int) -> None:
     from fastrl_core.store import RunWriter
-    from fastrl_core.store.synthetic import synthetic_step
+    from fastrl_core.store.fake_runs import fake_step
 
     for name, pruner, seconds_per_step in (("grpo", "none", 2.0), ("fastrl", "fastrl", 1.0)):
         writer = RunWriter(root, name=name, config={"steps": steps}, model="embedded", dataset="synthetic",
@@ -31,7 +31,7 @@ def build_store(root: Path, steps: int, prompts: int, rollouts_per_prompt: int, 
                            code_version="bench")
         pngs: dict = {}
         for step in range(steps):
-            kwargs = synthetic_step(step, prompts=prompts, rollouts_per_prompt=rollouts_per_prompt,
+            kwargs = fake_step(step, prompts=prompts, rollouts_per_prompt=rollouts_per_prompt,
                                     sketch_dim=sketch_dim, dataset_size=4 * prompts, pngs=pngs)
             if pruner == "none":
                 for row in kwargs["rollouts"]:

@@ -48,7 +48,7 @@ def main() -> int:
 
     app = None
     if args.store is not None:
-        from app.launch import serve
+        from fastrl_app.launch import serve
 
         app = serve(args.store, port=args.port)
     base = args.url or f"http://127.0.0.1:{args.port}"

@@ -24,7 +24,8 @@ import time
 import torch
 
 from fastrl_core.algo.advantages import compute_advantages
-from fastrl_core.algo.pruners import PRUNERS, TOKEN_PRUNERS, GroupBatch, prune
+from fastrl_core.algo.groups import GroupBatch
+from fastrl_core.algo.pruners import PRUNERS, TOKEN_PRUNERS, prune
 
 
 def speed_batch(groups: int, size: int, dim: int, seed: int = 0) -> GroupBatch:

@@ -47,7 +47,8 @@ import torch
 
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.duplicates import find_duplicates
-from fastrl_core.algo.pruners import GroupBatch, prune
+from fastrl_core.algo.groups import GroupBatch
+from fastrl_core.algo.pruners import prune
 from fastrl_core.algo.sketches import make_projection
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import load_problems
@@ -116,7 +117,7 @@ def setup(work: Path, threads: int) -> tuple[TrainConfig, list]:
 
 def sketching_engine(config: TrainConfig, policy):
     """The HF engine with the lm_head sketch projection exactly as the trainer builds it."""
-    from fastrl_core.trainer import make_engine
+    from fastrl_core.run_setup import make_engine
 
     out = policy.model.get_output_embeddings().weight
     projection = make_projection(out.shape[0], out.shape[1], sketch_dim=config.sketch_dim, seed=config.seed)

@@ -8,7 +8,7 @@ head_dim 128, mRoPE [16, 24, 24], tied embeddings; vision hidden 1280, 16 heads)
 `--vision-depth` vision blocks (`fastrl_core.policy.build_random_policy`, the shipped 482-entry tokenizer), saves it,
 then runs the command users run, in a child process each:
 
-    python -m fastrl_core.cli train configs/embedded.yaml model=<dir> steps=1 prompts_per_step=2
+    python -m fastrl_app.cli train fastrl_core/configs/embedded.yaml model=<dir> steps=1 prompts_per_step=2
         rollouts_per_prompt=<--rollouts> max_new_tokens=<--tokens> sketch_top_k=64 threads=1 eval_every=0 ... pruner=<p>
 
 twice: `pruner=fastrl` (the FastRL step) and `pruner=none` (GRPO: every rollout through the log-prob pass and the
@@ -72,7 +72,7 @@ def build_checkpoint(directory: Path, layers: int, vision_depth: int) -> dict:
 def run_train(model_dir: Path, store_dir: Path, pruner: str, rollouts: int, tokens: int
               ) -> tuple[int, float, float, str]:
     """(exit code, peak RSS GiB, wall seconds, stderr tail) of `fastrl train` in a child process."""
-    command = [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+    command = [sys.executable, "-m", "fastrl_app.cli", "train", "embedded",
                f"model={model_dir}", f"store_dir={store_dir}", f"pruner={pruner}", f"run_name={pruner}",
                f"rollouts_per_prompt={rollouts}", f"max_new_tokens={tokens}", *TRAIN_OVERRIDES]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),

@@ -9,7 +9,7 @@ then each read_* query the app uses, median and worst of --repeat calls after on
 the "export" row reads every rollout with its text, which no page does, and is there for scale).
 The last rows compare the same queries through the store.duckdb views (connect read_only + SQL), the
 alternative reader design.
-(c) configs/embedded.yaml for --train-steps steps (no evals), as FastRL and as the GRPO baseline
+(c) fastrl_core/configs/embedded.yaml for --train-steps steps (no evals), as FastRL and as the GRPO baseline
 (pruner=none budget=fixed): the trainer's `time_store` (each step's write, new images included) as a share of its
 step time (target < 2 %). The first epoch writes every prompt's image, so these early steps are the dearest.
 Then read_image on those runs' images, cold (indexing every images file) and warm.
@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from fastrl_core import store
 from fastrl_core.store import layout, readers, schema
-from fastrl_core.store.synthetic import synthetic_step, write_synthetic_run
+from fastrl_core.store.fake_runs import fake_step, write_fake_run
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:
@@ -45,7 +45,7 @@ def timed(fn, repeat: int) -> tuple[float, float]:
 
 def bench_write(root: Path, steps: int = 40) -> None:
     pngs: dict[int, bytes] = {}
-    data = [synthetic_step(s, prompts=16, rollouts_per_prompt=8, sketch_dim=256, pngs=pngs) for s in range(steps)]
+    data = [fake_step(s, prompts=16, rollouts_per_prompt=8, sketch_dim=256, pngs=pngs) for s in range(steps)]
     writer = store.RunWriter(root, name="bench-write", config={}, model="m", dataset="d", objective="grpo",
                              pruner="none", budget="fixed", code_version="bench")
     times = []
@@ -86,7 +86,7 @@ def bench_write_parts(root: Path, step: dict, repeat: int = 30) -> None:
 
 def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
     start = time.perf_counter()
-    run_id = write_synthetic_run(root, steps=steps, name="bench-read", prompts=rollouts // 8, rollouts_per_prompt=8,
+    run_id = write_fake_run(root, steps=steps, name="bench-read", prompts=rollouts // 8, rollouts_per_prompt=8,
                                  sketch_dim=256, finish=False)
     build = time.perf_counter() - start
     last = store.latest_step(root, run_id)
@@ -156,13 +156,14 @@ def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
 def bench_training(root: Path, steps: int) -> None:
     from transformers.utils import logging as hf_logging
 
-    from fastrl_core.config import load_config
-    from fastrl_core.trainer import Trainer, load_datasets
+    from fastrl_core.run_config import load_config
+    from fastrl_core.run_setup import load_datasets
+    from fastrl_core.trainer import Trainer
 
     hf_logging.disable_progress_bar()
 
-    config_path = Path(__file__).resolve().parents[1] / "configs" / "embedded.yaml"
-    print(f"\n(c) store writes inside real training: configs/embedded.yaml, {steps} steps, no evals")
+    config_path = "embedded"
+    print(f"\n(c) store writes inside real training: fastrl_core/configs/embedded.yaml, {steps} steps, no evals")
     print(f"    {'run':<8} {'step s':>7} {'store ms':>9} {'share':>7}  "
           "(medians over steps 1..; share = sum store / sum step)")
     for name, overrides in (("fastrl", []), ("grpo", ["pruner=none", "budget=fixed"])):

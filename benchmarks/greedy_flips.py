@@ -4,7 +4,7 @@ as `fastrl bench`, so its evaluations at multiples of eval_every equal the bench
 
     .venv/bin/python benchmarks/greedy_flips.py [--method fastrl] [--seed 0] [--steps 32] [--every 4] [--samples 4]
 
-Measured on configs/paper.yaml (docs/results.md, "the mid-run dips"; docs/bench/paper-sampled): seed 0's greedy
+Measured on fastrl_core/configs/paper.yaml (docs/results.md, "the mid-run dips"; docs/bench/paper-sampled): seed 0's greedy
 accuracy dips at step 24 under FastRL (0.760 -> 0.645) because 59 counting problems answer one dot fewer (4 -> 3,
 2 -> 1), and recovers by step 28; mean@4 moves 0.497 -> 0.486.
 """
@@ -17,7 +17,7 @@ import tempfile
 
 import torch
 
-from fastrl_core.bench import method_config
+from fastrl_app.bench import method_config
 from fastrl_core.data.templates import answer_style
 from fastrl_core.evaluate import evaluate_with
 from fastrl_core.rewards import extract_answer
@@ -42,7 +42,7 @@ def report(trainer: Trainer, samples: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/paper.yaml")
+    parser.add_argument("--config", default="paper")
     parser.add_argument("--method", default="fastrl")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=32)

@@ -2,14 +2,17 @@
 
 Every field carries its help text (`fastrl train --list-keys` prints them) and, where it has one, its range.
 Dict-valued fields (the objective's, pruner's and budget controller's own keyword arguments) take dotted overrides
-such as `objective_args.beta=0.01`. `load_config` rejects, before any model or dataset loads, an unknown key, a
-wrong type or range, an unknown registry name or sub-key, and an engine / sketch pair the engine cannot do
-(`fastrl_core.checks`); every error is a `ConfigError` naming the key, the bad value and the valid ones.
+such as `objective_args.beta=0.01`. `read_config` rejects an unknown key or a wrong type; `run_config.load_config`
+then checks the rest (ranges, registry names and sub-keys, the engine / sketch pair) before any model or dataset
+loads. Every error is a `ConfigError` naming the key, the bad value and the valid ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +20,71 @@ from typing import Any
 
 import yaml
 
-from fastrl_core.checks import (ConfigError, allowed_types, check_config, coerce, describe_bounds,  # noqa: F401
-                                in_bounds)
+from fastrl_core.shipped import config_names, config_path
+
+
+class ConfigError(ValueError):
+    """A bad config: unknown key, wrong type, out-of-range value, unknown name or an unsupported combination.
+    The message names the key, the bad value and the valid ones (the CLI prints it as one line, exit code 2)."""
+
+
+def describe_bounds(bounds: str) -> str:
+    """">= 1" -> ">= 1"; "(0, 1]" -> "in (0, 1]"."""
+    return f"in {bounds}" if bounds.lstrip()[:1] in "([" else bounds
+
+
+_BOUNDS = re.compile(r"^\s*(?:(>=|>|<=|<)\s*(\S+)|([(\[])\s*(\S+)\s*,\s*(\S+)\s*([)\]]))\s*$")
+
+
+def in_bounds(value: float, bounds: str) -> bool:
+    """Whether `value` lies in `bounds`: ">= a", "> a", "<= a", "< a", or an interval "(a, b]" / "[a, b)" / ..."""
+    match = _BOUNDS.match(bounds)
+    if match is None:
+        raise ValueError(f"bad bounds {bounds!r}")
+    if not math.isfinite(value):
+        return False
+    op, limit, left, low, high, right = match.groups()
+    if op is not None:
+        limit = float(limit)
+        return {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[op]
+    low, high = float(low), float(high)
+    return (value >= low if left == "[" else value > low) and (value <= high if right == "]" else value < high)
+
+
+def allowed_types(annotation: Any) -> tuple[type, ...] | None:
+    """The plain classes an annotation allows (`float | None` -> (float, NoneType)); None if it is not a plain
+    class or a union of them (then only the default's type is checked)."""
+    if annotation is None or annotation is type(None):
+        return (type(None),)
+    if isinstance(annotation, type) and annotation.__module__ == "builtins":
+        return (annotation,)
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        parts = [allowed_types(arg) for arg in typing.get_args(annotation)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)
+    origin = typing.get_origin(annotation)
+    if origin in (dict, list, tuple):
+        return (origin,)
+    return None
+
+
+def coerce(value: Any, allowed: tuple[type, ...], key: str, where: str) -> Any:
+    """`value` as one of the `allowed` types: ints are accepted for floats, YAML-1.1 strings like "1e-3" for
+    floats, numbers for strings, "auto" for None; bools are never ints. Raises ConfigError naming `key`."""
+    if value == "auto" and type(None) in allowed and str not in allowed:
+        return None
+    if isinstance(value, str) and float in allowed and str not in allowed:
+        try:
+            return float(value)  # YAML 1.1 reads "1e-3" as a string
+        except ValueError:
+            pass
+    if isinstance(value, int) and not isinstance(value, bool) and float in allowed and int not in allowed:
+        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and str in allowed and len(allowed) == 1:
+        return str(value)
+    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+        raise ConfigError(f"{where}{key} expects {names}, got {value!r}")
+    return value
 
 
 def option(default: Any, help: str, *, bounds: str | None = None) -> Any:
@@ -173,9 +239,11 @@ def parse_overrides(overrides: list[str]) -> dict:
     return parsed
 
 
-def _read_yaml(path: Path) -> dict:
+def read_yaml(path: Path) -> dict:
+    """A config file's mapping of keys; ConfigError naming the file when it is missing, not UTF-8, not YAML or not a
+    mapping."""
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} not found")
+        raise ConfigError(f"config file {str(path)!r} not found (shipped configs, by name: {', '.join(config_names())})")
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as error:
@@ -188,13 +256,14 @@ def _read_yaml(path: Path) -> dict:
     return loaded
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-    """Defaults <- YAML file <- `key=value` overrides, then checked and resolved by `fastrl_core.checks.check_config`
-    (every name, sub-key, type and range, and the engine / sketch combination) before anything loads."""
+def read_config(path: str | Path | None = None, overrides: list[str] = ()) -> tuple[TrainConfig, dict[str, str]]:
+    """Defaults <- the config `path` (a shipped config's name, e.g. "paper", or a YAML file; None: none) <- `key=value`
+    overrides; returns the config (keys and types checked, nothing else) and where each key was set."""
     values = dataclasses.asdict(TrainConfig())
     key_types, sources = field_types(), {}
     if path is not None:
-        values = merge(values, _read_yaml(Path(path)), source=str(path), key_types=key_types, sources=sources)
+        path = config_path(path)
+        values = merge(values, read_yaml(path), source=str(path), key_types=key_types, sources=sources)
     values = merge(values, parse_overrides(list(overrides)), source="command line", key_types=key_types,
                    sources=sources)
-    return check_config(TrainConfig(**values), sources=sources)
+    return TrainConfig(**values), sources

@@ -1,4 +1,4 @@
-"""Named recipes (`configs/methods.yaml`): a method name -> the config overrides that make it, read by
+"""Named recipes (`fastrl_core/configs/methods.yaml`, `shipped.METHODS_FILE`): a method name -> the config overrides that make it, read by
 `fastrl bench --methods`, `fastrl train --method` and `fastrl demo`."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-METHODS_FILE = Path(__file__).resolve().parent.parent / "configs" / "methods.yaml"
+from fastrl_core.shipped import METHODS_FILE
 
 
 def load_methods(path: str | Path = METHODS_FILE) -> dict[str, list[str]]:

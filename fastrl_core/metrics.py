@@ -38,7 +38,7 @@ interval never goes below zero, and inverting the ratio inverts the interval. Wi
 interval is undefined (NaN), not zero.
 
 The split of each step's rollouts and the saving credited to a method (`rollout_split`, `credited_saving`, ...) live
-in `fastrl_core.savings` and are importable from here.
+in `fastrl_core.savings`.
 """
 
 from __future__ import annotations
@@ -53,15 +53,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fastrl_core.savings import (  # noqa: F401  (the rollouts' split, importable from here)
-    SPLIT_LABELS,
-    SPLIT_PARTS,
-    credited_saving,
-    has_split,
-    passes_after_pruning,
-    rollout_split,
-    split_totals,
-)
 from fastrl_core.store.schema import PHASES
 
 WINDOW = 3  # evaluations in the final accuracy and in the trailing mean of time to target

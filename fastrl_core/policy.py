@@ -1,7 +1,7 @@
 """The policy: a vision-language model, its processor and the prompt format, behind one small type.
 
 Two ways in, one code path after:
-- `"embedded"` (the default) loads the tiny Qwen2.5-VL shipped in `data/warmstart/`: a real
+- `"embedded"` (the default) loads the tiny Qwen2.5-VL shipped in `fastrl_core/models/embedded/` (`fastrl_core.shipped`): a real
   `Qwen2_5_VLForConditionalGeneration` built from config (`build_tiny_vlm`) with a byte-level BPE tokenizer
   trained locally (`build_tokenizer`), warm-started by `fastrl_core.warmstart`.
 - a hub name or local path loads with `AutoProcessor` / `AutoModelForImageTextToText`.
@@ -36,7 +36,7 @@ from transformers import (
     Qwen2_5_VLProcessor,
 )
 
-EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "data" / "warmstart"
+from fastrl_core.shipped import EMBEDDED, EMBEDDED_MODEL, model_path
 
 # Qwen2's special tokens (same strings as the real models, so prompts and chat templates carry over).
 PAD_TOKEN = "<|endoftext|>"
@@ -257,9 +257,9 @@ def build_policy(
 def build_random_policy(widths: VLMWidths, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> Policy:
     """A random Qwen2.5-VL of `widths` (`build_vlm`) with the shipped warm start's tokenizer and images-only processor
-    (`data/warmstart/`): save it with `save_policy` and train it with `fastrl train ... model=<path>`. Output rows the
+    (`fastrl_core.shipped.EMBEDDED_MODEL`): save it with `save_policy` and train it with `fastrl train ... model=<path>`. Output rows the
     tokenizer has no entry for are never sampled (`never_sampled_token_ids`)."""
-    processor = _load_processor(EMBEDDED_DIR)
+    processor = _load_processor(EMBEDDED_MODEL)
     processor.tokenizer.padding_side = "left"
     model = build_vlm(processor.tokenizer, widths, seed=seed, dtype=dtype, device=device)
     return Policy(model, processor, never_sampled_token_ids(processor.tokenizer, model.config))
@@ -393,11 +393,9 @@ def load_policy(
     model: str | Path = "embedded", *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> Policy:
     """The shipped warm start (`"embedded"`), or a hub name / local path of any image-text-to-text model."""
-    path = EMBEDDED_DIR if str(model) == "embedded" else model
-    if str(model) == "embedded" and not (EMBEDDED_DIR / "config.json").is_file():
-        raise FileNotFoundError(
-            f"no embedded checkpoint in {EMBEDDED_DIR}: run `python -m fastrl_core.warmstart --out data/warmstart`"
-        )
+    path = model_path(str(model))
+    if str(model) == EMBEDDED and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no embedded checkpoint in {path}: run `python -m fastrl_core.warmstart`")
     processor = _load_processor(path)
     processor.tokenizer.padding_side = "left"
     network = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).to(device).eval()

@@ -44,14 +44,16 @@ import torch
 
 from fastrl_core import checkpoints, faults
 from fastrl_core.algo.advantages import compute_advantages
-from fastrl_core.algo.budgets import StepOutcome, budget_allocate, budget_init, budget_update
+from fastrl_core.algo.budget_base import PromptOutcomes
+from fastrl_core.algo.budgets import budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
 from fastrl_core.algo.minibatches import minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
-from fastrl_core.algo.pruners import TOKEN_PRUNERS, GroupBatch, Reason
+from fastrl_core.algo.groups import GroupBatch, Reason
+from fastrl_core.algo.pruners import TOKEN_PRUNERS
 from fastrl_core.algo.sketches import make_projection, token_sketch
-from fastrl_core.checks import check_config, check_environment
+from fastrl_core.run_config import check_config, check_environment
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
@@ -59,7 +61,7 @@ from fastrl_core.engines.base import Engine, Rollouts
 from fastrl_core.engines.resolve import PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import RewardParts, score_completions
 from fastrl_core.run_setup import load_datasets, make_engine, preflight  # importable from here too
-from fastrl_core.store import RunWriter, StepResult, image_key, sampled_split, step_rows
+from fastrl_core.store import RunWriter, StepRecord, image_key, sampled_split, step_rows
 from fastrl_core.store import layout as store_layout
 
 if TYPE_CHECKING:
@@ -137,7 +139,7 @@ def step_seed(seed: int, step: int) -> int:
 
 
 @dataclass
-class _KeptRows:
+class _UpdateBatch:
     """What the update (step 8) reads of a step: its problems and rollouts, the kept rollout indices (K,), the old
     and reference log-probs of the kept rows (K, T), and per rollout (N,) advantages, pruner loss weights and
     multiplicities (None: no merged duplicates)."""
@@ -288,8 +290,8 @@ class Trainer:
             if minibatches:
                 model.train()
             per_update = []
-            update = _KeptRows(problems, rollouts, kept, old_logprobs, ref_logprobs, advantages, decision.weights,
-                               None if duplicates is None else duplicates.multiplicity)
+            update = _UpdateBatch(problems, rollouts, kept, old_logprobs, ref_logprobs, advantages, decision.weights,
+                                  None if duplicates is None else duplicates.multiplicity)
             for batch in minibatches:  # batch indexes `kept`
                 self.optimizer.zero_grad(set_to_none=True)
                 per_update.append(self._backward(update, batch))
@@ -307,7 +309,7 @@ class Trainer:
         store_timer = PhaseTimer()
         with store_timer.phase("store"):
             image_refs, images = self._image_refs(problems)
-            rows = step_rows(StepResult(
+            rows = step_rows(StepRecord(
                 step=step, prompt_ids=prompt_ids, questions=[p.question for p in problems],
                 answers=[p.answer for p in problems], image_refs=image_refs, images=images, group_index=group_ids,
                 completions=rollouts.completion_text, lengths=rollouts.completion_mask.sum(1), rewards=rewards,
@@ -331,7 +333,7 @@ class Trainer:
         # 10. budget: new state from this step's pruning decisions
         stats = rows.stats
         sampled = torch.from_numpy(stats.sampled)
-        self.budget_state = budget_update(config.budget, self.budget_state, StepOutcome(
+        self.budget_state = budget_update(config.budget, self.budget_state, PromptOutcomes(
             prompt_ids=tuple(prompt_ids), sampled=sampled, kept=torch.from_numpy(stats.kept),
             reward_mean=torch.from_numpy(stats.reward_mean).float(),
             reward_std=torch.from_numpy(stats.reward_std).float(), step=step, total_steps=config.steps,
@@ -340,7 +342,7 @@ class Trainer:
         self.step += 1
         return {"step": step, **rows.step_row}
 
-    def _backward(self, update: _KeptRows, rows: torch.Tensor) -> dict[str, float]:
+    def _backward(self, update: _UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
         """Gradients of one mini-batch's loss into `.grad`: kept rows `rows` (indexes `update.kept`). With
         `update_rows`, in parts of that many rows, each part's loss counting the mini-batch's other rows as absent (`policy_loss(absent_mask=...)`), so
         the parts' losses sum to the whole mini-batch's and so do their gradients. Returns the loss and the loss's

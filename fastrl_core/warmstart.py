@@ -1,6 +1,6 @@
-"""Supervised warm start of the embedded tiny VLM: the checkpoint shipped in `data/warmstart/`.
+"""Supervised warm start of the embedded tiny VLM: the checkpoint shipped in `fastrl_core/models/embedded/`.
 
-    python -m fastrl_core.warmstart --out data/warmstart        (also: fastrl warmstart --out data/warmstart)
+    python -m fastrl_core.warmstart --out DIR        (also: fastrl warmstart --out DIR; default: the shipped folder)
 
 Real GRPO starts from an instruct model; a random-init tiny policy under GRPO learns the format and collapses to one
 answer (NOTES §2). So, deterministically by seed:
@@ -34,13 +34,14 @@ from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.evaluate import evaluate_with
 from fastrl_core.policy import EOS_TOKEN, Policy, build_tiny_policy, save_policy
+from fastrl_core.shipped import EMBEDDED_MODEL
 
 THINK = "I look at the figure."
 
 
 @dataclass
 class WarmstartArgs:
-    out: str = option("data/warmstart", "where the chosen checkpoint is saved")
+    out: str = option(str(EMBEDDED_MODEL), "where the chosen checkpoint is saved (default: the shipped one)")
     data_dir: str = option("runs/data", "cache folder of the synthetic dataset")
     n_train: int = option(2048, "synthetic train problems")
     n_test: int = option(256, "synthetic test problems")

@@ -48,7 +48,7 @@ VISITS = {"step.rollouts_written": STEPS, "step.groups_written": STEPS, "step.wr
 
 
 def train_command(store: Path, run_name: str, resume: str | None = None) -> list[str]:
-    command = [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+    command = [sys.executable, "-m", "fastrl_app.cli", "train", "embedded",
                f"store_dir={store}", f"run_name={run_name}", *TINY]
     return command + (["--resume", resume] if resume else [])
 

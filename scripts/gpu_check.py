@@ -49,8 +49,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from fastrl_core.algo.sketches import make_projection  # noqa: E402
-from fastrl_core.config import load_config  # noqa: E402
-from fastrl_core.trainer import Trainer, load_datasets  # noqa: E402
+from fastrl_core.run_config import load_config  # noqa: E402
+from fastrl_core.run_setup import load_datasets  # noqa: E402
+from fastrl_core.trainer import Trainer  # noqa: E402
 
 TEMPLATE = "math"
 METHODS = (("grpo", "none"), ("fastrl", "fastrl"))  # (name, pruner)
@@ -174,7 +175,7 @@ def engine_factory(shared, args, device: torch.device):
 
     def factory(config, policy, projection):
         if shared is None:
-            from fastrl_core.trainer import make_engine as make_run_engine
+            from fastrl_core.run_setup import make_engine as make_run_engine
 
             engine = make_run_engine(config, policy, projection)
         else:

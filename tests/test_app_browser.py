@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_app_pages import REPO, train_command
 
-from app.launch import serve
+from fastrl_app.launch import serve
 from fastrl_core import store
 
 CHROMIUM = "/usr/bin/chromium"
@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 def start_run(store_dir: Path, name: str, steps: int) -> subprocess.Popen:
-    """A real training run (`python -m fastrl_core.cli train`) in the background."""
+    """A real training run (`python -m fastrl_app.cli train`) in the background."""
     return subprocess.Popen(train_command(store_dir, name, f"steps={steps}"), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 

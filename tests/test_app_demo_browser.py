@@ -22,7 +22,7 @@ import pytest
 from test_app_browser import CHROMIUM, free_port
 from test_app_pages import REPO
 
-from app import palette
+from fastrl_app import palette
 from fastrl_core import store
 
 SCREENSHOTS = Path(os.environ.get("FASTRL_SCREENSHOTS") or tempfile.mkdtemp(prefix="fastrl-screenshots-"))
@@ -41,7 +41,7 @@ def demo(tmp_path_factory):
     the first step) and stops it at teardown."""
     store_dir = tmp_path_factory.mktemp("demo_store")
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "fastrl_core.cli", "demo", "--store", str(store_dir), "--port",
+    process = subprocess.Popen([sys.executable, "-m", "fastrl_app.cli", "demo", "--store", str(store_dir), "--port",
                                 str(port), *TINY], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = []

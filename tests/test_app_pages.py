@@ -1,6 +1,6 @@
 """The dashboard: page helpers, the PCA / background-UMAP map, and every page under AppTest.
 
-Every page is rendered on a store made by a real tiny bench (`python -m fastrl_core.cli bench`: GRPO and FastRL,
+Every page is rendered on a store made by a real tiny bench (`python -m fastrl_app.cli bench`: GRPO and FastRL,
 two seeds each, interleaved) and checked against what the store's readers and `fastrl_core.metrics` return. Exact
 figures (speed-ups, final accuracy) are checked on a second store written through RunWriter as a bench would (two
 seeds per method, bench run names), whose evaluations are placed so the answers are known by hand; its rows are
@@ -25,14 +25,14 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from streamlit.testing.v1 import AppTest
 
-import app
-from app import analysis
-from app.projection import MIN_UMAP_POINTS, SketchMap, pca_2d
+import fastrl_app
+from fastrl_app import analysis
+from fastrl_app.projection import MIN_UMAP_POINTS, SketchMap, pca_2d
 from fastrl_core import metrics as core_metrics
-from fastrl_core import store
-from fastrl_core.store.synthetic import synthetic_step
+from fastrl_core import savings, store
+from fastrl_core.store.fake_runs import fake_step
 
-MAIN = str(Path(app.__file__).parent / "main.py")
+MAIN = str(Path(fastrl_app.__file__).parent / "main.py")
 REPO = Path(__file__).resolve().parent.parent
 # A real tiny bench: 5 steps of 8 prompts x 6 rollouts on the synthetic task, evaluated every 2 steps, GRPO and
 # FastRL under seeds 0 and 1. One thread: with 2 threads on 2 shared cores a run took 59 s instead of 7 s.
@@ -84,7 +84,7 @@ def keep_all(kwargs: dict) -> dict:
 
 
 def step_kwargs(step: int, kind: str, pngs: dict) -> dict:
-    kwargs = synthetic_step(step, prompts=8, rollouts_per_prompt=8, sketch_dim=32, dataset_size=24, pngs=pngs)
+    kwargs = fake_step(step, prompts=8, rollouts_per_prompt=8, sketch_dim=32, dataset_size=24, pngs=pngs)
     kwargs = keep_all(kwargs) if kind == "grpo" else prune(kwargs)
     kwargs["step_row"]["wall_time"] = (step + 1) * RATES[kind]
     return kwargs
@@ -109,13 +109,13 @@ def write_run(root: Path, kind: str, *, seed: int = 0, steps: int = STEPS, finis
 def train_command(store_dir: Path, name: str, *overrides: str) -> list[str]:
     """`fastrl train` on the embedded default, FastRL or the plain-GRPO baseline (the browser test's live run)."""
     pruner = ["pruner=none", "budget=fixed"] if name == "grpo" else ["pruner=fastrl", "budget=adaptive"]
-    return [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+    return [sys.executable, "-m", "fastrl_app.cli", "train", "embedded",
             f"store_dir={store_dir}", f"run_name={name}", *SHORT_RUN, *pruner, *overrides]
 
 
 def bench_command(store_dir: Path) -> list[str]:
     """`fastrl bench` on the embedded default (the shipped warm start): GRPO and FastRL, seeds 0 and 1."""
-    return [sys.executable, "-m", "fastrl_core.cli", "bench", "--config", str(REPO / "configs" / "embedded.yaml"),
+    return [sys.executable, "-m", "fastrl_app.cli", "bench", "--config", "embedded",
             "--methods", "grpo,fastrl", "--seeds", "0,1", "--store", str(store_dir), "--out",
             str(store_dir / "report"), *SHORT_RUN]
 
@@ -402,7 +402,7 @@ def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
     assert by_name["merged as duplicates (every method)"] == steps["rollouts_merged"].tolist()
     assert by_name["pruned by the method's rule"] == steps["rollouts_pruned"].tolist()
     assert split["layout"]["uirevision"] == run_ids["fastrl"]  # zoom survives live redraws
-    totals = core_metrics.split_totals(core_metrics.rollout_split(steps))
+    totals = savings.split_totals(savings.rollout_split(steps))
     assert f"**{totals['skipped']:,} ({totals['skipped'] / totals['nominal']:.0%}) skipped by the budget**" in texts(at)
     heatmap = next(s for s in plotly_specs(at) if s["data"][0].get("type") == "heatmap")
     assert list(heatmap["data"][0]["x"]) == list(range(REAL_STEPS))  # the whole run, every step
@@ -525,7 +525,7 @@ def test_demo_page_without_a_baseline_says_so(monkeypatch, tmp_path):
 
 
 def test_pruning_saving_names_only_the_passes_the_run_had():
-    from app.analysis import pruning_saving
+    from fastrl_app.analysis import pruning_saving
 
     steps = pd.DataFrame({"rollouts_sampled": [100, 100], "rollouts_kept": [50, 30], "time_update": [3.0, 1.0],
                           "time_logprob": [0.0, 0.0]})
@@ -534,7 +534,7 @@ def test_pruning_saving_names_only_the_passes_the_run_had():
     assert "~6 s" in text  # (3 + 1) s on 80 kept -> 120 more at the same cost per rollout
     with_kl = steps.assign(time_logprob=[1.0, 1.0])
     assert "skipped the reference log-prob pass and the update" in pruning_saving(
-        with_kl, core_metrics.passes_after_pruning(with_kl, {"objective_args": {"beta": 0.01}}))
+        with_kl, savings.passes_after_pruning(with_kl, {"objective_args": {"beta": 0.01}}))
     assert pruning_saving(steps.assign(rollouts_kept=[100, 100])) == \
         "No sampled rollout was left out of the passes in this run."
     assert "pass costs" not in text and "pass costs" not in pruning_saving(steps.assign(row_cost=[None, None]))
@@ -571,7 +571,7 @@ def test_demo_page_on_a_run_trained_alone_gives_no_figure_and_says_why(monkeypat
 
 
 def test_report_writes_the_demo_as_one_offline_file(tmp_path, trained):
-    from app.report import render, write_report
+    from fastrl_app.report import render, write_report
 
     store_dir, run_ids = trained
     out = write_report(store_dir, tmp_path / "sub" / "demo.html", run_id=run_ids["fastrl"])
@@ -581,7 +581,7 @@ def test_report_writes_the_demo_as_one_offline_file(tmp_path, trained):
     assert "data:image/png;base64," in text and "Caveats" in text and "credited to neither" in text
     with pytest.raises(FileNotFoundError, match="no run 'nosuchrun'"):
         render(store_dir, "nosuchrun")
-    from fastrl_core.cli import main
+    from fastrl_app.cli import main
 
     assert main(["report", "--store", str(tmp_path / "empty"), "--out", str(tmp_path / "x.html")]) == 2
 

@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from fastrl_core import bench, metrics, store
-from fastrl_core.cli import main
+from fastrl_app import bench
+from fastrl_app.cli import main
+from fastrl_core import metrics, store
 from fastrl_core.store import layout
 
 TINY = ["steps=3", "eval_every=2", "eval_size=8", "synthetic_train=32", "synthetic_test=8", "prompts_per_step=4",
@@ -145,13 +146,13 @@ def test_a_store_without_cpu_columns_still_reads_compacts_and_compares(tmp_path)
     """Steps rows written before `cpu_<phase>` existed (the synthetic steps have none) beside a run that has them."""
     import duckdb
 
-    from fastrl_core.store.synthetic import synthetic_step
+    from fastrl_core.store.fake_runs import fake_step
 
     def write(method: str, pruner: str, cpu: bool) -> str:
         writer = store.RunWriter(tmp_path, name=metrics.bench_run_name(method, 0), config={"seed": 0}, model="m",
                                  dataset="d", objective="grpo", pruner=pruner, budget="fixed", code_version="t")
         for step in range(3):
-            kwargs = synthetic_step(step)
+            kwargs = fake_step(step)
             if cpu:
                 kwargs["step_row"].update({f"cpu_{p}": 0.01 for p in store.PHASES})
             writer.write_step(step, **kwargs)
@@ -193,7 +194,7 @@ def test_a_bench_with_sampled_evaluations_reports_either_split_from_its_store(tm
 
 @pytest.mark.parametrize("method", sorted(bench.METHODS))
 def test_every_method_loads_on_the_paper_config(method, tmp_path):
-    config = bench.method_config(bench.DEFAULT_CONFIG.parent / "paper.yaml", method, 0, str(tmp_path), [])
+    config = bench.method_config("paper", method, 0, str(tmp_path), [])
     for override in bench.METHODS[method]:
         key, value = override.split("=", 1)
         if "." not in key:
@@ -216,19 +217,20 @@ def test_cost_table_states_the_ceilings_of_grpo_steps():
 
 
 def test_every_recipe_loads_and_is_used_by_the_docs_or_a_test(tmp_path):
-    """configs/methods.yaml: each recipe is a config the loader accepts (a retired key or pruner option would be
-    refused), and each is named in README.md, docs/results.md or a test (retired ones go to docs/experiments.md)."""
+    """fastrl_core/configs/methods.yaml: each recipe is a config the loader accepts (a retired key or pruner option
+    would be refused), and each is named in README.md, docs/results.md or a test (retired ones go to docs/experiments.md)."""
     from pathlib import Path
 
-    from fastrl_core.config import load_config
     from fastrl_core.methods import METHODS, load_methods
+    from fastrl_core.run_config import load_config
+    from fastrl_core.shipped import METHODS_FILE
 
     repo = Path(__file__).resolve().parent.parent
-    assert bench.METHODS is METHODS and METHODS == load_methods(repo / "configs" / "methods.yaml")
+    assert bench.METHODS is METHODS and METHODS == load_methods(METHODS_FILE)
     text = " ".join(p.read_text() for p in [repo / "README.md", repo / "docs" / "results.md",
                                              *sorted((repo / "tests").glob("*.py"))])
     for overrides in METHODS.values():
-        load_config(repo / "configs" / "paper.yaml", overrides)
+        load_config("paper", overrides)
     unused = [name for name in METHODS if not any(f"{a}{name}{b}" in text for a, b in ["``", ",,", ", ", '""'])]
     assert not unused, f"recipes no doc or test names: {unused}"
     bad = tmp_path / "methods.yaml"

@@ -10,22 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastrl_core.algo.budgets import (
-    BUDGETS,
-    StepOutcome,
-    budget_allocate,
-    budget_init,
-    budget_update,
-    greso_skip_probability,
-    informative_count,
-    uniform_draw,
-)
+from fastrl_core.algo.baseline_budgets import greso_skip_probability
+from fastrl_core.algo.budget_base import PromptOutcomes, uniform_draw
+from fastrl_core.algo.budgets import BUDGETS, budget_allocate, budget_init, budget_update, informative_count
 
 
 def outcome(prompts, kept, *, sampled=None, mean=None, std=None, step=0, total=10, epoch_end=False,
-            accuracy=None) -> StepOutcome:
+            accuracy=None) -> PromptOutcomes:
     g = len(prompts)
-    return StepOutcome(
+    return PromptOutcomes(
         prompt_ids=tuple(prompts),
         sampled=torch.tensor(sampled if sampled is not None else [8] * g),
         kept=torch.tensor(kept),
@@ -241,7 +234,7 @@ def test_adaptive_probe_frequency_decays_to_the_floor():
 def test_adaptive_cuts_generation_in_a_revisited_regime(with_accuracy, target):
     """Simulated paper-like regime: 64 prompts of fixed success rates (a third solved, a third hopeless, a third
     at 1/2) visited 12 times, 0/1 rewards (= accuracies) drawn from the counts the controller gives, with and
-    without StepOutcome.accuracy_mean. GRPO samples 8 each visit;
+    without PromptOutcomes.accuracy_mean. GRPO samples 8 each visit;
     adaptive samples at least 25 % fewer (decided prompts are probed rarely; 40 % with mixed ones cut to 5 at
     informative_target 0.9), and its step total falls over the run; mixed prompts keep 8 by default."""
     gen = torch.Generator().manual_seed(0)
@@ -371,9 +364,9 @@ def test_bad_input_names_the_problem():
     state = budget_init("fixed", n=4)
     with pytest.raises(ValueError, match="belongs to controller 'fixed', not 'adaptive'"):
         budget_allocate("adaptive", state, ["a"])
-    with pytest.raises(ValueError, match=r"StepOutcome.kept must be \(2,\)"):
+    with pytest.raises(ValueError, match=r"PromptOutcomes.kept must be \(2,\)"):
         budget_update("fixed", state, outcome(["a", "b"], [1]))
-    with pytest.raises(ValueError, match=r"StepOutcome.accuracy_mean must be \(2,\)"):
+    with pytest.raises(ValueError, match=r"PromptOutcomes.accuracy_mean must be \(2,\)"):
         budget_update("fixed", state, outcome(["a", "b"], [1, 1], accuracy=[1.0]))
     with pytest.raises(ValueError, match=r"0 <= kept <= sampled; not so for prompts \['b'\]"):
         budget_update("fixed", state, outcome(["a", "b"], [1, 9]))
@@ -389,13 +382,13 @@ def test_registry_lists_every_controller():
 def _greso_trainer(store, skipped: list[int], **extra):
     """A 3-step greso trainer on the tiny model (8 prompts × 4) whose prompts at stream positions `skipped` are
     forced skipped (streak 3, p_e = 0: skip probability 1); returns it and the first epoch's prompt ids in order."""
-    from fastrl_core.config import load_config
+    from fastrl_core.run_config import load_config
     from fastrl_core.trainer import Trainer
 
     overrides = {"store_dir": str(store), "steps": 3, "prompts_per_step": 8, "rollouts_per_prompt": 4,
                  "eval_every": 0, "checkpoint_every": 0, "threads": 1, "synthetic_train": 64, "synthetic_test": 16,
                  "eval_size": 16, "budget": "greso", "pruner": "fastrl", **extra}
-    trainer = Trainer(load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in overrides.items()]),
+    trainer = Trainer(load_config("embedded", [f"{k}={v}" for k, v in overrides.items()]),
                       progress=False)
     stream = [trainer.train_set[i].id for i in trainer.sampler.window(0, 64)]
     trainer.budget_state["p_easy"] = trainer.budget_state["p_hard"] = 0.0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastrl_core import store
-from fastrl_core.cli import main
+from fastrl_app.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 REAL = REPO.parent / "shared" / "data" / "geo-real-sample"
@@ -29,39 +29,39 @@ def test_eval_on_real_problems_writes_the_store(tmp_path, capsys):
 
 
 def test_train_rejects_an_unknown_key_with_the_valid_names(capsys):
-    assert main(["train", str(REPO / "configs" / "embedded.yaml"), "stepz=3"]) == 2
+    assert main(["train", "embedded", "stepz=3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fastrl: error: command line: unknown config key 'stepz'; valid keys: accuracy_weight")
     assert err.count("\n") == 1
 
 
 def test_train_method_applies_the_bench_definition_under_the_overrides_given(tmp_path, capsys):
-    from fastrl_core.bench import METHODS
+    from fastrl_core.methods import METHODS
 
     tiny = ["steps=1", "eval_every=0", "prompts_per_step=2", "rollouts_per_prompt=2", "synthetic_train=8",
             "synthetic_test=4", "threads=1", "checkpoint_every=0", f"store_dir={tmp_path}"]
-    assert main(["train", "--method", "fastrl", str(REPO / "configs" / "embedded.yaml"), *tiny, "keep_ratio=0.9"]) == 0
+    assert main(["train", "--method", "fastrl", "embedded", *tiny, "keep_ratio=0.9"]) == 0
     config = store.read_runs(tmp_path)["config"].iloc[0]
     config = config if isinstance(config, dict) else __import__("json").loads(config)
     assert "row_cost=measured" in METHODS["fastrl"] and config["row_cost"] == "measured"
     assert config["keep_ratio"] == 0.9  # the command line's override wins over the method's keep_ratio=1.0
     capsys.readouterr()
     after = tmp_path / "after"  # the option may also come after CONFIG.yaml and between overrides
-    assert main(["train", str(REPO / "configs" / "embedded.yaml"), *tiny[:-1], "--method", "grpo",
+    assert main(["train", "embedded", *tiny[:-1], "--method", "grpo",
                  f"store_dir={after}"]) == 0
     config = store.read_runs(after)["config"].iloc[0]
     config = config if isinstance(config, dict) else __import__("json").loads(config)
     assert config["pruner"] == "none" and config["budget"] == "fixed"
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        main(["train", str(REPO / "configs" / "embedded.yaml"), "--bogus", "1"])
+        main(["train", "embedded", "--bogus", "1"])
     assert "unrecognized arguments: --bogus 1" in capsys.readouterr().err
     assert main(["train", "--method", "nope", *tiny]) == 2
     assert "--method 'nope' is unknown; valid: grpo," in capsys.readouterr().err
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastrl_core.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fastrl_app.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -77,10 +77,10 @@ def test_a_bad_config_name_fails_in_one_line_before_anything_loads(tmp_path):
     from fastrl_core.algo.pruners import PRUNERS
 
     store_dir = tmp_path / "store"
-    line = _one_error_line(_cli("train", "configs/embedded.yaml", "pruner=foo", f"store_dir={store_dir}"))
+    line = _one_error_line(_cli("train", "embedded", "pruner=foo", f"store_dir={store_dir}"))
     assert "pruner='foo' is unknown; valid: " + ", ".join(PRUNERS.names()) in line
     assert not store_dir.exists()  # no synthetic data written, no run created: the check ran first
-    debug = _cli("train", "configs/embedded.yaml", "pruner=foo", f"store_dir={store_dir}", "--debug")
+    debug = _cli("train", "embedded", "pruner=foo", f"store_dir={store_dir}", "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
     assert "ConfigError: command line: pruner=" in debug.stderr
 
@@ -99,7 +99,8 @@ def test_a_bad_dataset_row_or_a_missing_file_fails_in_one_line(tmp_path):
     line = _one_error_line(_cli("train", f"dataset={dataset}", f"store_dir={store_dir}", "prompts_per_step=4"))
     assert f"{dataset / 'problems.jsonl'}: row 3 (id {rows[3]['id']!r}): image" in line and "not found" in line
     assert not store_dir.exists()
-    assert "config file 'configs/nope.yaml' not found" in _one_error_line(_cli("train", "configs/nope.yaml"))
+    assert "config file 'nope.yaml' not found (shipped configs, by name: demo, embedded, paper)" in _one_error_line(
+        _cli("train", "nope.yaml"))
     line = _one_error_line(_cli("eval", "--dataset", str(dataset), "--template", "latex", "--store", str(store_dir)))
     assert "--template 'latex' is unknown; valid: math, r1v, short" in line
 
@@ -114,7 +115,7 @@ def _free_port() -> int:
 def test_demo_trains_both_runs_serves_the_app_and_stops_cleanly(tmp_path):
     port = _free_port()
     demo = subprocess.Popen(
-        [sys.executable, "-m", "fastrl_core.cli", "demo", "--store", str(tmp_path), "--port", str(port),
+        [sys.executable, "-m", "fastrl_app.cli", "demo", "--store", str(tmp_path), "--port", str(port),
          "--steps", "3", "synthetic_train=16", "synthetic_test=32", "eval_size=32", "prompts_per_step=8",
          "threads=1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -131,7 +132,7 @@ def test_demo_trains_both_runs_serves_the_app_and_stops_cleanly(tmp_path):
         assert sorted(runs["pruner"]) == ["fastrl", "none"]
         configs = {name.split("-")[1]: config if isinstance(config, dict) else __import__("json").loads(config)
                    for name, config in zip(runs["name"], runs["config"])}  # bench-<method>-seed0: interleaved
-        # the demo trains the bench's FastRL and GRPO (fastrl_core.bench.METHODS), not definitions of its own
+        # the demo trains the bench's FastRL and GRPO (fastrl_app.bench.METHODS), not definitions of its own
         assert (configs["fastrl"]["keep_ratio"], configs["fastrl"]["row_cost"]) == (1.0, "measured")
         assert (configs["grpo"]["pruner"], configs["grpo"]["budget"]) == ("none", "fixed")
     finally:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from fastrl_core.algo.pruners import PRUNERS, SKETCH_PRUNERS
-from fastrl_core.checks import ARGUMENT_KEYS, argument_parameters, check_config, check_environment, registry_names
-from fastrl_core.config import ConfigError, TrainConfig, describe_bounds, in_bounds, load_config
+from fastrl_core.config import ConfigError, TrainConfig, describe_bounds, in_bounds
 from fastrl_core.data.problems import DataError
 from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
+from fastrl_core.run_config import (ARGUMENT_KEYS, argument_parameters, check_config, check_environment, load_config,
+                                    registry_names)
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "tests" / "data" / "geometry3k-sample"
@@ -310,7 +311,7 @@ def _dataset_with_a_bad_row(root: Path) -> Path:
 
 
 def test_dataset_skip_bad_reaches_the_training_loaders(tmp_path):
-    from fastrl_core.trainer import load_datasets
+    from fastrl_core.run_setup import load_datasets
 
     dataset = _dataset_with_a_bad_row(tmp_path / "data")
     with pytest.raises(DataError, match=r"train/problems\.jsonl: row 1 \(id '.*'\): image .* not found"):
@@ -321,17 +322,17 @@ def test_dataset_skip_bad_reaches_the_training_loaders(tmp_path):
 
 
 def test_row_cost_is_null_measured_or_a_number_for_a_pruner_with_a_cost_rule():
-    assert load_config("configs/paper.yaml", []).row_cost is None
-    assert load_config("configs/paper.yaml", ["row_cost=measured"]).row_cost == "measured"
-    assert load_config("configs/paper.yaml", ["row_cost=0"]).row_cost == 0.0
-    assert load_config("configs/paper.yaml", ["row_cost='1e-3'"]).row_cost == pytest.approx(1e-3)  # YAML 1.1 string
+    assert load_config("paper", []).row_cost is None
+    assert load_config("paper", ["row_cost=measured"]).row_cost == "measured"
+    assert load_config("paper", ["row_cost=0"]).row_cost == 0.0
+    assert load_config("paper", ["row_cost='1e-3'"]).row_cost == pytest.approx(1e-3)  # YAML 1.1 string
     for value in ("fast", "-0.5"):
         with pytest.raises(ConfigError, match=rf"^command line: row_cost=.*{value}.*: give 'measured' or a number"):
-            load_config("configs/paper.yaml", [f"row_cost={value}"])
+            load_config("paper", [f"row_cost={value}"])
     with pytest.raises(ConfigError, match=r"row_cost='measured' with pruner='cppo': only \['fastrl'\] choose"):
-        load_config("configs/paper.yaml", ["row_cost=measured", "pruner=cppo"])
+        load_config("paper", ["row_cost=measured", "pruner=cppo"])
     with pytest.raises(ConfigError, match="pruner_args.row_cost: pruner 'fastrl' has no parameter 'row_cost'"):
-        load_config("configs/paper.yaml", ["pruner_args.row_cost=0.1"])  # one way to set it: the config key
+        load_config("paper", ["pruner_args.row_cost=0.1"])  # one way to set it: the config key
 
 
 @pytest.mark.parametrize("override, text", [

@@ -9,7 +9,7 @@ import pytest
 import fastrl_core.algo
 
 CORE = sorted(module.name for module in pkgutil.iter_modules(fastrl_core.algo.__path__))  # every module of algo/
-FORBIDDEN = ["transformers", "vllm", "duckdb", "pyarrow", "streamlit", "fastrl_core.store", "app"]
+FORBIDDEN = ["transformers", "vllm", "duckdb", "pyarrow", "streamlit", "fastrl_core.store", "fastrl_app"]
 
 
 @pytest.mark.parametrize("module", CORE)

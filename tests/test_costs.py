@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fastrl_core.algo.costs import MIN_FIT_STEPS, cost_keep_counts, fit_row_cost
-from fastrl_core.algo.pruners import GroupBatch, prune
+from fastrl_core.algo.groups import GroupBatch
+from fastrl_core.algo.pruners import prune
 
 
 def test_fit_recovers_the_per_row_cost_over_the_fixed_seconds():

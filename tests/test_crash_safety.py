@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from fastrl_core import checkpoints
-from fastrl_core.cli import main as cli_main
-from fastrl_core.config import load_config
+from fastrl_app.cli import main as cli_main
+from fastrl_core.run_config import load_config
 from fastrl_core.data.problems import DataError, load_problems
 from fastrl_core.run_loop import run_interleaved
 from fastrl_core.store import (RunLocked, RunWriter, check_store, compact, damaged_files, layout, read_evals,
                                read_groups, read_image, read_rollouts, read_runs, read_steps, run_state)
-from fastrl_core.store.synthetic import write_synthetic_run
+from fastrl_core.store.fake_runs import write_fake_run
 from fastrl_core.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def _overrides(store, **overrides) -> list[str]:
 
 
 def _config(store, **overrides):
-    return load_config(REPO / "configs" / "embedded.yaml", _overrides(store, **overrides))
+    return load_config("embedded", _overrides(store, **overrides))
 
 
 def _crash_at(monkeypatch, step: int, error: BaseException) -> None:
@@ -112,7 +112,7 @@ def test_ctrl_c_marks_the_run_stopped_and_a_second_writer_is_refused_in_one_line
     with pytest.raises(RunLocked, match=f"run '{run_id}' in .* is being written by another process"):
         Trainer(config, resume=run_id, progress=False)
     capsys.readouterr()
-    assert cli_main(["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(tmp_path, checkpoint_every=1),
+    assert cli_main(["train", "embedded", *_overrides(tmp_path, checkpoint_every=1),
                      "--resume", run_id]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fastrl: error: run '{run_id}' in ") and "another process" in err[0]
@@ -121,7 +121,7 @@ def test_ctrl_c_marks_the_run_stopped_and_a_second_writer_is_refused_in_one_line
 
 
 def test_sigterm_marks_the_run_stopped_and_prints_one_line(tmp_path):
-    command = [sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+    command = [sys.executable, "-m", "fastrl_app.cli", "train", "embedded",
                *_overrides(tmp_path, steps=500)]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -219,7 +219,7 @@ def _damage(store: Path, run_id: str) -> dict[str, Path]:
 
 
 def test_damaged_files_are_skipped_named_and_quarantined(tmp_path, capsys):
-    run_id = write_synthetic_run(tmp_path, steps=6, prompts=3, rollouts_per_prompt=4, sketch_dim=8)
+    run_id = write_fake_run(tmp_path, steps=6, prompts=3, rollouts_per_prompt=4, sketch_dim=8)
     image_ref = read_rollouts(tmp_path, run_id, step=0, columns=["image_ref"], limit=1)["image_ref"][0]
     _damage(tmp_path, run_id)
 
@@ -251,7 +251,7 @@ def test_damaged_files_are_skipped_named_and_quarantined(tmp_path, capsys):
 def test_the_app_shows_a_notice_naming_a_damaged_file_instead_of_a_traceback(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    run_id = write_synthetic_run(tmp_path, steps=4, prompts=3, rollouts_per_prompt=4, sketch_dim=8)
+    run_id = write_fake_run(tmp_path, steps=4, prompts=3, rollouts_per_prompt=4, sketch_dim=8)
     steps_file = layout.step_file(tmp_path, run_id, "steps", 2)
     steps_file.write_bytes(steps_file.read_bytes()[:100])
     monkeypatch.setenv("FASTRL_STORE", str(tmp_path))
@@ -268,7 +268,7 @@ def test_the_app_shows_a_notice_naming_a_damaged_file_instead_of_a_traceback(tmp
 
 def test_a_copied_store_reads_its_own_files(tmp_path):
     original = tmp_path / "original"
-    write_synthetic_run(original, steps=3, prompts=2, rollouts_per_prompt=2)
+    write_fake_run(original, steps=3, prompts=2, rollouts_per_prompt=2)
     copy = tmp_path / "copy"
     shutil.copytree(original, copy)
     shutil.rmtree(original)

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
-from fastrl_core.algo.pruners import GroupBatch, Reason, prune
+from fastrl_core.algo.groups import GroupBatch, Reason
+from fastrl_core.algo.pruners import prune
 
 
 def test_hand_computed_classes():
@@ -85,7 +86,7 @@ def test_trainer_merges_copies_losslessly_and_records_every_rollout(tmp_path):
     """One real step of plain GRPO (pruner none) with and without merging, same seed: the same rollouts, the same
     loss and KL (a merged row counted m times), fewer rows through the passes; the store still lists every sampled
     rollout, copies as DUPLICATE with their representative's weight."""
-    from fastrl_core.config import load_config
+    from fastrl_core.run_config import load_config
     from fastrl_core.store import read_rollouts, read_steps
     from fastrl_core.trainer import Trainer
 
@@ -95,7 +96,7 @@ def test_trainer_merges_copies_losslessly_and_records_every_rollout(tmp_path):
                      "rollouts_per_prompt": 6, "eval_every": 0, "checkpoint_every": 0, "threads": 1,
                      "synthetic_train": 64, "synthetic_test": 8, "pruner": "none", "budget": "fixed",
                      "objective_args.beta": 0.02, "merge_duplicates": merge}
-        trainer = Trainer(load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in overrides.items()]),
+        trainer = Trainer(load_config("embedded", [f"{k}={v}" for k, v in overrides.items()]),
                           progress=False)
         trainer.train_step()
         trainer.writer.finish()

@@ -11,9 +11,11 @@ from fastrl_core.algo.sketches import lm_head_sketch, make_projection
 from fastrl_core.data.problems import load_problems
 from fastrl_core.data.synthetic import write_dataset
 from fastrl_core.data.templates import TEMPLATES
-from fastrl_core.engines.hf import HFEngine, Rollouts
+from fastrl_core.engines.base import Rollouts
+from fastrl_core.engines.hf import HFEngine
 from fastrl_core.engines.stacked_reference import stacked_generate
-from fastrl_core.policy import EMBEDDED_DIR, TINY_WIDTHS, build_policy, build_tiny_policy, load_policy
+from fastrl_core.policy import TINY_WIDTHS, build_policy, build_tiny_policy, load_policy
+from fastrl_core.shipped import EMBEDDED_MODEL
 from fastrl_core.warmstart import tokenizer_corpus
 
 COUNTS = [3, 0, 1, 2]
@@ -34,7 +36,7 @@ def random_policy(problems):
 @pytest.fixture(scope="module")
 def policy(random_policy):
     """The shipped warm start (its completions end in EOS at various lengths), else the random policy."""
-    return load_policy("embedded") if (EMBEDDED_DIR / "config.json").is_file() else random_policy
+    return load_policy("embedded") if (EMBEDDED_MODEL / "config.json").is_file() else random_policy
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +133,7 @@ def test_shared_prefill_over_long_completions(random_policy, problems):
 
 def test_share_prompts_comes_from_the_config(policy):
     from fastrl_core.config import TrainConfig
-    from fastrl_core.trainer import make_engine
+    from fastrl_core.run_setup import make_engine
 
     assert make_engine(TrainConfig(), policy, None).share_prompts
     assert not make_engine(TrainConfig(share_prompts=False), policy, None).share_prompts
@@ -255,7 +257,7 @@ def test_streamed_logprobs_and_sketches_equal_the_stacked_logits_computation(pol
     assert torch.equal(streamed.completion_ids, ids) and torch.equal(streamed.completion_mask, mask)
     assert ref["logits"].shape == (sum(counts), ids.shape[1], vocab)
     ended = mask.sum(dim=1) < ids.shape[1]
-    if (EMBEDDED_DIR / "config.json").is_file():  # the random policy never ends early
+    if (EMBEDDED_MODEL / "config.json").is_file():  # the random policy never ends early
         assert ended.any() and len(set(mask.sum(dim=1).tolist())) > 1  # EOS mid-way, unequal lengths
     torch.testing.assert_close(streamed.behaviour_logprobs, ref["logprobs"], atol=1e-6, rtol=0)
     assert (streamed.behaviour_logprobs[~mask] == 0).all()

@@ -4,7 +4,7 @@ resolves it once, naming the choice in one line."""
 import pytest
 
 import fastrl_core.engines.resolve as resolve
-from fastrl_core.config import load_config
+from fastrl_core.run_config import load_config
 from fastrl_core.engines.resolve import choose_engine, model_hidden_size
 
 
@@ -43,16 +43,16 @@ def test_hidden_size_is_read_from_the_checkpoint_config_without_weights(tmp_path
 
 
 def test_the_config_check_resolves_auto_once_and_says_so(capsys):
-    config = load_config("configs/embedded.yaml", ["engine=auto"])  # fastrl reads lm_head: hf
+    config = load_config("embedded", ["engine=auto"])  # fastrl reads lm_head: hf
     assert config.engine == "hf"
     assert capsys.readouterr().err.strip().splitlines() == [
         "engine=auto -> hf: pruner 'fastrl' reads sketch='lm_head', which vLLM cannot give (it returns no hidden "
         "states)"]
-    assert load_config("configs/embedded.yaml", ["engine=hf"]).engine == "hf"
+    assert load_config("embedded", ["engine=hf"]).engine == "hf"
     assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("value", ["vllm", "auto"])
 def test_vllm_and_auto_are_valid_on_cpu(value):
-    config = load_config("configs/embedded.yaml", [f"engine={value}", "sketch=logprob", "sketch_top_k=20"])
+    config = load_config("embedded", [f"engine={value}", "sketch=logprob", "sketch_top_k=20"])
     assert config.engine == "vllm"

@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 
-from fastrl_core.engines.base import Engine, Rollouts
+from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.engines.vllm import VLLMEngine
 
@@ -47,11 +47,3 @@ def test_the_check_rejects_a_missing_method_and_a_wrong_signature():
     assert signature_mismatches(NoSync) == ["sync_weights: missing"]
     assert issubclass(PositionalGenerator, Engine)  # runtime_checkable sees names only
     assert [m.split(":")[0] for m in signature_mismatches(PositionalGenerator)] == ["generate"]
-
-
-def test_rollouts_keep_their_old_import_paths():
-    from fastrl_core.engines import Rollouts as from_package
-    from fastrl_core.engines.hf import Rollouts as from_hf
-    from fastrl_core.engines.vllm import Rollouts as from_vllm
-
-    assert from_package is from_hf is from_vllm is Rollouts

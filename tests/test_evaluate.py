@@ -3,18 +3,18 @@
 import pytest
 import torch
 
-from fastrl_core.config import load_config
+from fastrl_core.run_config import load_config
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.evaluate import evaluate_with
 from fastrl_core.policy import load_policy
 from fastrl_core.rewards import score_completions
-from fastrl_core.trainer import load_datasets
+from fastrl_core.run_setup import load_datasets
 
 
 @pytest.fixture(scope="module")
 def setup():
-    config = load_config("configs/embedded.yaml", ["synthetic_train=8", "synthetic_test=10"])
+    config = load_config("embedded", ["synthetic_train=8", "synthetic_test=10"])
     policy = load_policy("embedded")
     engine = HFEngine(policy, template=config.template, max_new_tokens=8, temperature=1.0)
     return config, policy, engine, load_datasets(config)[1][:10]

@@ -15,7 +15,8 @@ import torch
 
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
-from fastrl_core.algo.pruners import GroupBatch, prune
+from fastrl_core.algo.groups import GroupBatch
+from fastrl_core.algo.pruners import prune
 
 DATA = Path(__file__).parent / "data"
 DECISIONS = DATA / "fastrl_guard_decisions.json"
@@ -90,13 +91,12 @@ FLOATS = ("loss", "kl", "reward_mean")
 
 
 def step_figures(store: Path) -> dict:
-    from fastrl_core.config import load_config
+    from fastrl_core.run_config import load_config
     from fastrl_core.trainer import Trainer
 
     out = {}
     for method, overrides in GUARD_METHODS.items():
-        config = load_config(Path(__file__).parent.parent / "configs" / "paper.yaml",
-                             [*TINY, *overrides, f"store_dir={store / method}"])
+        config = load_config("paper", [*TINY, *overrides, f"store_dir={store / method}"])
         trainer = Trainer(config, progress=False)
         rows = [trainer.train_step() for _ in range(GUARD_STEPS)]
         trainer.writer.finish()

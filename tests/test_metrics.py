@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastrl_core import metrics
+from fastrl_core import metrics, savings
 
 T_975_DF1, T_975_DF2 = 12.706204736, 4.302652730  # Student t quantiles from a printed table
 
@@ -252,16 +252,16 @@ def _split_steps(rows):
 
 def test_rollout_split_and_totals_by_hand():
     steps = _split_steps([(0, 16, 0, 3, 5, 8), (1, 16, 6, 2, 1, 7)])
-    split = metrics.rollout_split(steps)
+    split = savings.rollout_split(steps)
     assert split[["nominal", "skipped", "merged", "pruned", "kept"]].values.tolist() == [[16, 0, 3, 5, 8],
                                                                                           [16, 6, 2, 1, 7]]
-    assert metrics.split_totals(split) == {"steps": 2, "nominal": 32, "skipped": 6, "merged": 5, "pruned": 6,
+    assert savings.split_totals(split) == {"steps": 2, "nominal": 32, "skipped": 6, "merged": 5, "pruned": 6,
                                            "kept": 15}
-    assert metrics.has_split(steps) and not metrics.has_split(steps.drop(columns="rollouts_merged"))
+    assert savings.has_split(steps) and not savings.has_split(steps.drop(columns="rollouts_merged"))
     with pytest.raises(ValueError, match="step 1: nominal 16 != skipped"):
-        metrics.rollout_split(_split_steps([(0, 16, 0, 3, 5, 8), (1, 16, 6, 2, 1, 6)]))
+        savings.rollout_split(_split_steps([(0, 16, 0, 3, 5, 8), (1, 16, 6, 2, 1, 6)]))
     with pytest.raises(ValueError, match="no 'rollouts_merged'"):
-        metrics.rollout_split(steps.drop(columns="rollouts_merged"))
+        savings.rollout_split(steps.drop(columns="rollouts_merged"))
 
 
 def test_credited_saving_gives_the_method_only_what_grpo_did_not_also_do():
@@ -270,19 +270,19 @@ def test_credited_saving_gives_the_method_only_what_grpo_did_not_also_do():
     # total 0.6 - 0.3 = 0.3 = 0.2 + 0.15 - 0.05
     grpo = {"nominal": 100, "skipped": 0, "merged": 40, "pruned": 0, "kept": 60}
     fastrl = {"nominal": 200, "skipped": 40, "merged": 70, "pruned": 30, "kept": 60}
-    credit = metrics.credited_saving(fastrl, grpo)
+    credit = savings.credited_saving(fastrl, grpo)
     assert credit == pytest.approx({"budget": 0.2, "rule": 0.15, "merge": -0.05, "total": 0.3})
     # the case: both merged the same duplicates, nothing else differs -> no credit at all
     same = {"nominal": 8, "skipped": 0, "merged": 4, "pruned": 0, "kept": 4}
-    assert metrics.credited_saving(same, same) == {"budget": 0.0, "rule": 0.0, "merge": 0.0, "total": 0.0}
-    assert math.isnan(metrics.credited_saving({**same, "nominal": 0}, same)["budget"])
+    assert savings.credited_saving(same, same) == {"budget": 0.0, "rule": 0.0, "merge": 0.0, "total": 0.0}
+    assert math.isnan(savings.credited_saving({**same, "nominal": 0}, same)["budget"])
 
 
 def test_passes_after_pruning_names_only_the_passes_that_ran():
     ran = pd.DataFrame({"time_logprob": [0.5, 0.25], "time_update": [1.0, 1.0]})
-    assert metrics.passes_after_pruning(ran, {"objective_args": {"beta": 0.01}, "recompute_old_logprobs": False}) \
+    assert savings.passes_after_pruning(ran, {"objective_args": {"beta": 0.01}, "recompute_old_logprobs": False}) \
         == ["reference log-prob pass", "update"]
-    assert metrics.passes_after_pruning(ran, {"objective_args": {}, "recompute_old_logprobs": True}) \
+    assert savings.passes_after_pruning(ran, {"objective_args": {}, "recompute_old_logprobs": True}) \
         == ["old log-prob pass", "update"]
     none = pd.DataFrame({"time_logprob": [0.0, None], "time_update": [1.0, 1.0]})
-    assert metrics.passes_after_pruning(none, {"objective_args": {"beta": 0.01}}) == ["update"]
+    assert savings.passes_after_pruning(none, {"objective_args": {"beta": 0.01}}) == ["update"]

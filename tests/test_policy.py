@@ -9,7 +9,6 @@ from fastrl_core.data.problems import load_problems
 from fastrl_core.data.synthetic import write_dataset
 from fastrl_core.data.templates import TEMPLATES
 from fastrl_core.policy import (
-    EMBEDDED_DIR,
     SPECIAL_TOKENS,
     build_tiny_policy,
     build_tiny_vlm,
@@ -18,6 +17,7 @@ from fastrl_core.policy import (
     save_policy,
 )
 from fastrl_core.rewards import format_reward
+from fastrl_core.shipped import EMBEDDED_MODEL
 from fastrl_core.warmstart import tokenizer_corpus
 
 
@@ -105,10 +105,10 @@ def test_load_policy_errors(tmp_path):
         load_policy(tmp_path / "nothing-here")
 
 
-@pytest.mark.skipif(not (EMBEDDED_DIR / "config.json").is_file(), reason="no shipped warm start yet")
+@pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="no shipped warm start yet")
 def test_embedded_checkpoint_loads_and_answers_in_format(tmp_path):
     policy = load_policy("embedded")
-    size = sum(f.stat().st_size for f in EMBEDDED_DIR.iterdir())
+    size = sum(f.stat().st_size for f in EMBEDDED_MODEL.iterdir())
     assert size <= 20 * 2**20
     assert type(policy.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     from fastrl_core.engines.hf import HFEngine

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastrl_core.algo.advantages import compute_advantages
-from fastrl_core.algo.pruners import (PRUNERS, CostRuleError, GroupBatch, Reason, check_cost_rule, keep_counts,
-                                     prune)
+from fastrl_core.algo.groups import GroupBatch, Reason, keep_counts
+from fastrl_core.algo.pruners import CostRuleError, PRUNERS, check_cost_rule, prune
 
 NAMES = ["none", "dapo_filter", "cppo", "pods", "fastrl_official", "fastrl"]
 # every pruner with its default options, and fastrl with a cost rule

@@ -142,11 +142,12 @@ def vlm_rollouts(tmp_path_factory):
     from fastrl_core.data.problems import load_problems
     from fastrl_core.data.synthetic import ensure_dataset
     from fastrl_core.engines.hf import decoder
-    from fastrl_core.policy import EMBEDDED_DIR, load_policy
-    from fastrl_core.trainer import make_engine
+    from fastrl_core.policy import load_policy
+    from fastrl_core.shipped import EMBEDDED_MODEL
+    from fastrl_core.run_setup import make_engine
 
-    if not (EMBEDDED_DIR / "config.json").is_file():
-        pytest.skip("no shipped warm start in data/warmstart")
+    if not (EMBEDDED_MODEL / "config.json").is_file():
+        pytest.skip("no shipped warm start in fastrl_core/models/embedded")
     config = TrainConfig(share_prompts=False)  # one decoder forward per row over prompt + completion, hooked below
     root = ensure_dataset(tmp_path_factory.mktemp("data"), n_train=8, n_test=1, seed=0)
     problems = load_problems(root / "train")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fastrl_core.store import RunWriter, read_groups, read_rollouts, read_steps, schema
-from fastrl_core.store.step_rows import StepResult, group_stats, step_rows
-from fastrl_core.store.synthetic import prompt_png
+from fastrl_core.store.step_rows import StepRecord, group_stats, step_rows
+from fastrl_core.store.fake_runs import prompt_png
 from fastrl_core.store.writer import image_key
 
 
@@ -38,7 +38,7 @@ def test_group_stats_zeroes_rounding_noise_and_checks_group_ids():
         group_stats([1.0], [0, 0], [True, True], 1)
 
 
-def _result(step=0, **changes) -> StepResult:
+def _result(step=0, **changes) -> StepRecord:
     """Two prompts: p0 with 3 rollouts (one pruned), p1 with 2 equal rewards (both pruned), sketches of D = 4."""
     png = prompt_png(1)
     values = dict(
@@ -55,7 +55,7 @@ def _result(step=0, **changes) -> StepResult:
         metrics={"loss": 0.1, "lr": 1e-4, "epoch_end": False}, wall_time=2.5,
     )
     values.update(changes)
-    return StepResult(**values)
+    return StepRecord(**values)
 
 
 def test_rows_by_hand():
@@ -109,9 +109,9 @@ def test_trl_style_rows_without_format_or_accuracy_rewards_validate():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("completions", ["a"], "StepResult.completions has 1 entries for 5 rollouts"),
-    ("weights", torch.ones(4), "StepResult.weights has 4 entries for 5 rollouts"),
-    ("questions", ["q"], "StepResult.questions has 1 entries for 2 prompts"),
+    ("completions", ["a"], "StepRecord.completions has 1 entries for 5 rollouts"),
+    ("weights", torch.ones(4), "StepRecord.weights has 4 entries for 5 rollouts"),
+    ("questions", ["q"], "StepRecord.questions has 1 entries for 2 prompts"),
 ])
 def test_missized_inputs_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):

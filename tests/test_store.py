@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fastrl_core import store
 from fastrl_core.store import layout, readers
-from fastrl_core.store.synthetic import prompt_png, synthetic_step, write_synthetic_run
+from fastrl_core.store.fake_runs import prompt_png, fake_step, write_fake_run
 
 PNG_A, PNG_B = prompt_png(0, size=16), prompt_png(1, size=16)
 REF_A, REF_B = store.image_key(PNG_A), store.image_key(PNG_B)
@@ -353,7 +353,7 @@ def test_default_code_version_is_git_describe_or_package_version(tmp_path):
 @pytest.fixture(scope="module")
 def synthetic_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
-    run_id = write_synthetic_run(root, steps=6, prompts=4, rollouts_per_prompt=6, sketch_dim=8, finish=False)
+    run_id = write_fake_run(root, steps=6, prompts=4, rollouts_per_prompt=6, sketch_dim=8, finish=False)
     writer = store.RunWriter.resume(root, run_id)
     ids = store.read_rollouts(root, run_id, step=2, columns=["rollout_id"])["rollout_id"].tolist()
     writer.set_projection(2, ids[::2], np.arange(2 * len(ids[::2]), dtype=float).reshape(-1, 2))
@@ -388,7 +388,7 @@ def test_read_rollouts_filters_equal_pandas_filters(synthetic_store, step, promp
 
 def test_rollouts_come_in_written_order_with_projection_overlaid(synthetic_store):
     root, run_id, full = synthetic_store
-    written = [synthetic_step(s, prompts=4, rollouts_per_prompt=6, sketch_dim=8)["rollouts"] for s in range(6)]
+    written = [fake_step(s, prompts=4, rollouts_per_prompt=6, sketch_dim=8)["rollouts"] for s in range(6)]
     assert full["rollout_id"].tolist() == [r["rollout_id"] for rows in written for r in rows]
     step2 = full[full["step"] == 2]
     half = len(step2["rollout_id"].iloc[::2])
@@ -442,7 +442,7 @@ def test_compact_is_plain_duckdb_and_equals_the_live_reads(synthetic_store, tmp_
 
 
 def test_compact_main_compacts_every_run(tmp_path, capsys):
-    a = write_synthetic_run(tmp_path, steps=2, name="a", prompts=2, rollouts_per_prompt=3, sketch_dim=4, finish=False)
+    a = write_fake_run(tmp_path, steps=2, name="a", prompts=2, rollouts_per_prompt=3, sketch_dim=4, finish=False)
     b = new_writer(tmp_path, name="b").run_id  # no steps yet: empty tables
     assert store.compact_main([str(tmp_path)]) == 0
     printed = capsys.readouterr().out.split()
@@ -518,11 +518,11 @@ def test_resume_from_step_drops_later_steps_evals_and_partial_files(tmp_path):
     assert store.read_steps(tmp_path, writer.run_id)["reward_mean"].tolist() == pytest.approx([0.9, 0.9, 1.9])
 
 
-def test_synthetic_steps_are_valid_for_many_shapes(tmp_path):
+def test_fake_steps_are_valid_for_many_shapes(tmp_path):
     writer = new_writer(tmp_path)
     pngs: dict[int, bytes] = {}
     for step, (prompts, n, dim) in enumerate([(1, 1, 5), (3, 2, 5), (16, 8, 5), (64, 8, 5)]):
-        writer.write_step(step, **synthetic_step(step, prompts=prompts, rollouts_per_prompt=n, sketch_dim=dim,
+        writer.write_step(step, **fake_step(step, prompts=prompts, rollouts_per_prompt=n, sketch_dim=dim,
                                                  pngs=pngs))
     runs = store.read_runs(tmp_path).iloc[0]
     groups = store.read_groups(tmp_path, writer.run_id)

@@ -27,10 +27,10 @@ META = dict(config={"test": "processes"}, model="m", dataset="dots", objective="
 
 def _write_steps(root: str, run_id: str, steps: int, pause: float, progress: str, ready: str) -> None:
     """Writer process: resume the run, then write `steps` steps, appending each finished step to `progress`."""
-    from fastrl_core.store.synthetic import synthetic_step
+    from fastrl_core.store.fake_runs import fake_step
 
     pngs: dict[int, bytes] = {}
-    data = [synthetic_step(s, prompts=16, rollouts_per_prompt=8, sketch_dim=SKETCH_DIM, pngs=pngs) for s in range(6)]
+    data = [fake_step(s, prompts=16, rollouts_per_prompt=8, sketch_dim=SKETCH_DIM, pngs=pngs) for s in range(6)]
     writer = store.RunWriter.resume(root, run_id)
     fd = os.open(progress, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     Path(ready).touch()
@@ -143,8 +143,8 @@ def test_writer_killed_at_a_random_point_leaves_only_whole_steps(tmp_path, seed)
     assert runs.iloc[0]["status"] == "running" and runs.iloc[0]["last_step"] == visible[-1]
 
     resumed = store.RunWriter.resume(tmp_path, run_id)  # the trainer restarts from its last step
-    from fastrl_core.store.synthetic import synthetic_step
-    resumed.write_step(len(visible), **synthetic_step(len(visible), sketch_dim=SKETCH_DIM))
+    from fastrl_core.store.fake_runs import fake_step
+    resumed.write_step(len(visible), **fake_step(len(visible), sketch_dim=SKETCH_DIM))
     resumed.finish()
     assert check_visible_steps(str(tmp_path), run_id) == list(range(len(visible) + 1))
     with duckdb.connect(str(store.compact(tmp_path, run_id)), read_only=True) as con:

@@ -300,7 +300,7 @@ def test_ensure_dataset_generates_once_then_reuses(tmp_path):
 
 
 def test_the_paper_regime_mix_keeps_the_default_weights_of_its_kinds():
-    """configs/paper.yaml's synthetic_kinds: 1-4 dots weigh 4, two segments 2, the harder levels 1 each."""
+    """fastrl_core/configs/paper.yaml's synthetic_kinds: 1-4 dots weigh 4, two segments 2, the harder levels 1 each."""
     assert dataset_mix(["count_dots", "longest_segment"]) == {
         ("count_dots", 1): 4, ("count_dots", 2): 1, ("longest_segment", 1): 2, ("longest_segment", 2): 1}
     assert dataset_mix(["count_dots"], [2]) == {("count_dots", 2): 1}

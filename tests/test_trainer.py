@@ -9,11 +9,13 @@ import pytest
 import torch
 
 import fastrl_core.trainer as trainer_module
-from fastrl_core.config import ConfigError, load_config
+from fastrl_core.config import ConfigError
+from fastrl_core.run_config import load_config
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.store import read_evals, read_rollouts, read_runs, read_steps
-from fastrl_core.trainer import PromptSampler, Trainer, load_datasets
+from fastrl_core.run_setup import load_datasets
+from fastrl_core.trainer import PromptSampler, Trainer
 
 
 def _config(store, **overrides):
@@ -21,7 +23,7 @@ def _config(store, **overrides):
             "eval_every": 0, "checkpoint_every": 0, "threads": 1, "synthetic_train": 256, "synthetic_test": 32,
             "eval_size": 32, "lr": 5e-4, "warmup_steps": 1}
     base.update(overrides)
-    return load_config("configs/embedded.yaml", [f"{k}={v}" for k, v in base.items()])
+    return load_config("embedded", [f"{k}={v}" for k, v in base.items()])
 
 
 def _params(model):
@@ -279,8 +281,8 @@ def test_resume_with_minibatches_continues_exactly(tmp_path):
 
 
 def test_paper_config_loads_and_is_the_paper_regime():
-    """configs/paper.yaml: every key valid (load_config rejects unknown ones) and the regime of issue 11 / NOTES §6."""
-    config = load_config("configs/paper.yaml")
+    """fastrl_core/configs/paper.yaml: every key valid (load_config rejects unknown ones) and the regime of issue 11 / NOTES §6."""
+    config = load_config("paper")
     assert config.objective_args["beta"] == 0.01  # KL as a loss term: the reference pass runs every step
     assert config.updates_per_step == 4 and config.minibatch_mode == "equal_updates"
     assert config.eval_size >= 512 and config.synthetic_test >= config.eval_size
@@ -290,7 +292,7 @@ def test_paper_config_loads_and_is_the_paper_regime():
 
 def test_paper_config_trains_on_a_tiny_version(tmp_path):
     """Its pieces together (kinds subset, beta, 4 mini-batches, its warm start) for 2 small steps."""
-    config = load_config("configs/paper.yaml", [
+    config = load_config("paper", [
         f"store_dir={tmp_path}", "steps=2", "prompts_per_step=4", "rollouts_per_prompt=4", "synthetic_train=16",
         "synthetic_test=8", "eval_size=8", "eval_every=2", "checkpoint_every=0", "threads=1", "pruner=none",
         "budget=fixed"])

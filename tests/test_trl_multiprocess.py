@@ -164,7 +164,7 @@ def test_it_really_ran_as_two_gloo_processes(launched):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_process_takes_the_decision_one_process_takes_on_the_same_batch(launched, scenario):
-    from fastrl_core.algo.pruners import GroupBatch
+    from fastrl_core.algo.groups import GroupBatch
     from fastrl_core.algo.sketches import token_sketch
     from fastrl_core.integrations.trl import decide_global
 
@@ -214,7 +214,7 @@ def test_each_process_trains_on_its_own_kept_rows_in_equal_micro_batches(launche
 
 
 def test_a_process_whose_groups_are_all_pruned_trains_on_topped_up_rows(launched):
-    from fastrl_core.algo.pruners import Reason
+    from fastrl_core.algo.groups import Reason
 
     _, runs = launched
     flat = _rows("flat", FLAT_RANK)
@@ -256,14 +256,14 @@ def test_only_rank_zero_writes_the_store_and_it_holds_both_processes_rows(launch
 def test_the_runs_store_opens_in_the_dashboard(launched, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    import app
+    import fastrl_app
     from fastrl_core.store import list_runs, read_rollouts
 
     root, _ = launched
     store_dir = root / "flat" / "store"
     (run_id,) = list_runs(store_dir)
     monkeypatch.setenv("FASTRL_STORE", str(store_dir))
-    main = str(Path(app.__file__).parent / "main.py")
+    main = str(Path(fastrl_app.__file__).parent / "main.py")
     runs_page = AppTest.from_file(main, default_timeout=60)
     runs_page.run()
     assert not runs_page.exception, [e.message for e in runs_page.exception]

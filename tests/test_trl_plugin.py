@@ -64,7 +64,7 @@ def test_balance_kept_properties(num_processes, multiple, chunks, data):
 
 
 def test_decide_global_tops_up_the_process_whose_groups_were_all_dropped_at_weight_one():
-    from fastrl_core.algo.pruners import GroupBatch
+    from fastrl_core.algo.groups import GroupBatch
     from fastrl_core.integrations.trl import decide_global
 
     # process 0 owns groups 0, 1 (rewards vary), process 1 owns groups 2, 3 (all equal: DAPO drops them)
@@ -96,7 +96,8 @@ def test_check_row_cost_takes_a_number_for_a_cost_pruner_and_refuses_measured_wi
 
 
 def test_decide_global_prunes_with_the_cost_rule_at_the_given_rate():
-    from fastrl_core.algo.pruners import GroupBatch, prune
+    from fastrl_core.algo.groups import GroupBatch
+    from fastrl_core.algo.pruners import prune
     from fastrl_core.integrations.trl import decide_global
 
     generator = torch.Generator().manual_seed(5)
@@ -260,7 +261,8 @@ def test_vlm_with_images_prunes_and_keeps_each_rows_image_through_the_deferred_p
     from trl import GRPOConfig, GRPOTrainer
 
     from fastrl_core.integrations.trl import FastRLGRPOTrainer
-    from fastrl_core.policy import EMBEDDED_DIR, load_policy
+    from fastrl_core.policy import load_policy
+    from fastrl_core.shipped import EMBEDDED_MODEL
     from fastrl_core.store import image_key, list_runs, read_groups, read_image, read_rollouts
 
     torch.set_num_threads(1)
@@ -294,7 +296,7 @@ def test_vlm_with_images_prunes_and_keeps_each_rows_image_through_the_deferred_p
                       max_completion_length=8, max_steps=4, num_iterations=2, beta=0.04, learning_rate=1e-4,
                       seed=0, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
                       generation_kwargs={"suppress_tokens": policy.suppress_token_ids})
-    trainer = Recording(model=str(EMBEDDED_DIR), reward_funcs=[varied_accuracy], args=args,
+    trainer = Recording(model=str(EMBEDDED_MODEL), reward_funcs=[varied_accuracy], args=args,
                         train_dataset=Dataset.from_list(rows), processing_class=processor, pruner="fastrl",
                         keep_ratio=0.5, store_dir=str(tmp_path / "store"), run_name="trl-vlm")
     trainer.train()

@@ -191,10 +191,10 @@ TRAIN = {"steps": 3, "prompts_per_step": 4, "rollouts_per_prompt": 4, "max_new_t
 
 
 def _train_config(store, **overrides):
-    from fastrl_core.config import load_config
+    from fastrl_core.run_config import load_config
 
     values = {**TRAIN, "store_dir": str(store), **overrides}
-    return load_config("configs/embedded.yaml", [f"{key}={value}" for key, value in values.items()])
+    return load_config("embedded", [f"{key}={value}" for key, value in values.items()])
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +203,7 @@ def vllm_engine(tmp_path_factory):
     if VLLM_MISSING is not None:
         pytest.skip(VLLM_MISSING)
     from fastrl_core.policy import load_policy
-    from fastrl_core.trainer import load_datasets
+    from fastrl_core.run_setup import load_datasets
 
     torch.set_num_threads(2)
     config = _train_config(tmp_path_factory.mktemp("vllm-data"))
@@ -346,7 +346,7 @@ def test_fastrl_train_engine_vllm_killed_and_resumed_through_the_cli(straight_ru
     from fastrl_core.store import read_runs, read_steps
 
     repo = Path(__file__).resolve().parent.parent
-    args = [sys.executable, "-m", "fastrl_core.cli", "train", "configs/embedded.yaml",
+    args = [sys.executable, "-m", "fastrl_app.cli", "train", "embedded",
             *[f"{key}={value}" for key, value in {**TRAIN, "store_dir": str(tmp_path)}.items()]]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     first = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import streamlit as st
 
-from app import analysis, charts, data, widgets
-from fastrl_core import metrics
+from fastrl_app import analysis, cached, charts, widgets
+from fastrl_core import savings
 
 st.title("Rollout budget")
 runs = widgets.runs_or_wait()
@@ -22,11 +22,11 @@ n_min = int((config.get("budget_args") or {}).get("n_min", 2))
 
 def budget() -> None:
     widgets.run_caption(widgets.current(run_id), refreshing=live)
-    steps = data.steps([run_id])
+    steps = cached.steps([run_id])
     if steps.empty:
         st.info("The run has started; its first step is being sampled.")
         return
-    matrix = data.budget_matrix(run_id)
+    matrix = cached.budget_matrix(run_id)
     last = steps.iloc[-1]
     cols = st.columns(4)
     cols[0].metric("Latest step", int(last["step"]), help="The newest step written to the store.")
@@ -45,10 +45,10 @@ def budget() -> None:
                         "skip: none this step.")
 
     st.subheader("Where plain GRPO's rollouts went")
-    if metrics.has_split(steps):
-        split = metrics.rollout_split(steps)
-        totals = metrics.split_totals(split)
-        passes = metrics.passes_after_pruning(steps, config)
+    if savings.has_split(steps):
+        split = savings.rollout_split(steps)
+        totals = savings.split_totals(split)
+        passes = savings.passes_after_pruning(steps, config)
         st.plotly_chart(charts.split_areas(split, revision=run_id), key="split")
         st.markdown(analysis.split_sentence(totals, passes))
         if run["pruner"] == "none" and run["budget"] == "fixed":
@@ -69,7 +69,7 @@ def budget() -> None:
                    f"budget stays at {n}.")
     with right:
         st.subheader("Why rollouts were left out")
-        counts = analysis.reason_counts(data.rollout_steps(run_id))
+        counts = analysis.reason_counts(cached.rollout_steps(run_id))
         if counts.empty:
             st.info("No sampled rollout was left out yet (or the run does not log rollouts).")
         else:
@@ -77,10 +77,10 @@ def budget() -> None:
 
     st.subheader("One prompt's visits")
     visits = matrix.groupby("prompt_id")["step"].size().sort_values(ascending=False)
-    questions = data.questions(run_id)
+    questions = cached.questions(run_id)
     prompt = st.selectbox("Prompt", visits.index.tolist(), key="timeline_prompt",
                           format_func=lambda p: f"{p} · {visits[p]} visits · {questions.get(p, '')[:60]}")
-    line = analysis.prompt_timeline(data.groups(run_id), prompt, n, n_min)
+    line = analysis.prompt_timeline(cached.groups(run_id), prompt, n, n_min)
     st.plotly_chart(charts.prompt_timeline(line, revision=f"{run_id}/{prompt}"), key="timeline")
     st.dataframe(line.assign(merged=line["merged"].map(lambda v: "—" if pd.isna(v) else f"{int(v)}")),
                  hide_index=True, key="timeline_table", column_config={

@@ -8,8 +8,8 @@ writes the page as one HTML file (app.report)."""
 import pandas as pd
 import streamlit as st
 
-from app import analysis, charts, data, palette, report, widgets
-from fastrl_core import metrics
+from fastrl_app import analysis, cached, charts, palette, report, widgets
+from fastrl_core import metrics, savings
 
 st.title("FastRL beside GRPO")
 runs = widgets.runs_or_wait()
@@ -28,31 +28,31 @@ live = any(widgets.is_live(r) for _, r in runs.iterrows())
 
 def story() -> None:
     widgets.run_caption(widgets.current(run_id), refreshing=live)
-    steps = data.steps([run_id])
+    steps = cached.steps([run_id])
     if steps.empty:
         st.info("The run has started; the story begins once its first step is written.")
         return
-    all_runs = data.runs()
+    all_runs = cached.runs()
     base_id, why = analysis.paired_baseline(all_runs, run_id)
     by_id = all_runs.set_index("run_id", drop=False)
 
     st.header("1 · One group, in both runs")
-    groups = data.groups(run_id)
+    groups = cached.groups(run_id)
     step, prompt = analysis.pick_demo_group(groups)
-    group = data.rollouts(run_id, step, prompt) if prompt is not None else pd.DataFrame()
+    group = cached.rollouts(run_id, step, prompt) if prompt is not None else pd.DataFrame()
     if group.empty:
         st.info("This run does not log rollouts, so there is no group to show.")
     else:
         left, right = st.columns([1, 2])
-        png = data.image_bytes(group["image_ref"].iloc[0])
+        png = cached.image_bytes(group["image_ref"].iloc[0])
         if png is not None:
             left.image(png, caption=f"step {step} · prompt {prompt}", width=300)
         with right:
             st.markdown(f"**Question.** {group['question'].iloc[0] or '—'}  \n"
                         f"**Correct answer.** `{group['answer'].iloc[0] or '—'}`")
             st.plotly_chart(charts.group_bars(group, revision=f"demo/{step}/{prompt}"), key="demo_group")
-        other = data.rollouts(base_id, step, prompt) if base_id and data.latest_step(base_id) is not None \
-            and data.latest_step(base_id) >= step else pd.DataFrame()
+        other = cached.rollouts(base_id, step, prompt) if base_id and cached.latest_step(base_id) is not None \
+            and cached.latest_step(base_id) >= step else pd.DataFrame()
         st.markdown(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO"))
         with st.expander("The answers in both runs, side by side"):
             cols = st.columns(2)
@@ -68,19 +68,19 @@ def story() -> None:
 
     st.header("2 · Where the rollouts went")
     ids = [run_id] + ([base_id] if base_id else [])
-    both = data.steps(ids)
-    if not all(metrics.has_split(both[both["run_id"] == r]) for r in ids):
+    both = cached.steps(ids)
+    if not all(savings.has_split(both[both["run_id"] == r]) for r in ids):
         st.info("These runs' steps do not record the split of their rollouts (a store written before it was "
                 "added); the Budget page shows sampled and kept.")
     else:
         totals = pd.DataFrame([{"run": f"{metrics.run_labels(by_id.loc[[r]])['method'].iloc[0]} · {r}",
-                                **metrics.split_totals(metrics.rollout_split(both[both["run_id"] == r]))}
+                                **savings.split_totals(savings.rollout_split(both[both["run_id"] == r]))}
                                for r in ids])
         st.plotly_chart(charts.split_bars(totals, revision="demo/split"), key="demo_split")
-        passes = metrics.passes_after_pruning(steps, _config(by_id.loc[run_id]))
+        passes = savings.passes_after_pruning(steps, _config(by_id.loc[run_id]))
         st.markdown(analysis.split_sentence(totals.iloc[0].to_dict(), passes))
         if base_id:
-            credit = metrics.credited_saving(totals.iloc[0].to_dict(), totals.iloc[1].to_dict())
+            credit = savings.credited_saving(totals.iloc[0].to_dict(), totals.iloc[1].to_dict())
             st.markdown(analysis.credit_sentence("FastRL", "GRPO", credit))
         else:
             st.caption(f"No GRPO run to credit against: {why}")
@@ -105,7 +105,7 @@ def story() -> None:
     base_method = labels.set_index("run_id").loc[base_id, "method"]
     ids = bench.loc[bench["method"].isin([method, base_method]), "run_id"].tolist()
     sampled, y_title = widgets.accuracy_choice(ids, key="demo_accuracy")
-    per_run, summary, curves = data.comparison(ids, sampled=sampled)
+    per_run, summary, curves = cached.comparison(ids, sampled=sampled)
     by_method = summary.set_index("method") if len(summary) else pd.DataFrame()
     counts = curves.groupby("run_id").size().reindex(ids).fillna(0).astype(int).tolist() if len(curves) else [0]
     window = analysis.visible_window(counts, metrics.WINDOW)
@@ -145,7 +145,7 @@ st.fragment(story, run_every=widgets.LIVE_EVERY if live else "10s")()
 
 st.header("Hand it over")
 if st.button("Prepare the HTML report", key="demo_report_button"):
-    html = report.render(data.store_dir(), run_id)
+    html = report.render(cached.store_dir(), run_id)
     st.download_button("Download demo.html", html, file_name="demo.html", mime="text/html",
                        key="demo_report_download")
 st.caption("One self-contained file (figures, plotly.js, the group's image inline): it opens offline. "

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import analysis, charts, data, widgets
+from fastrl_app import analysis, cached, charts, widgets
 
 COLOURS = {"kept / pruned": "status", "advantage": "advantage", "correct / wrong": "correct"}
 MAX_POINTS = 4096
@@ -26,9 +26,9 @@ else:
     low = high = step_ids[0]
 colour = COLOURS[st.sidebar.radio("Colour by", list(COLOURS), key="map_colour")]
 window = [s for s in step_ids if low <= s <= high]
-meta, matrix = data.sketches(run_id, window, limit=MAX_POINTS)
+meta, matrix = cached.sketches(run_id, window, limit=MAX_POINTS)
 if meta.empty:
-    logged = not data.rollouts(run_id, window[-1]).empty
+    logged = not cached.rollouts(run_id, window[-1]).empty
     if not logged:
         st.info(f"Run `{run_id}` was trained without rollout logging (log_rollouts=false): it stored no rollouts "
                 "and so no sketches.")
@@ -40,7 +40,7 @@ if meta.empty:
                 "use them (only FastRL's does).")
     st.stop()
 
-projection = data.project(run_id, meta, matrix)
+projection = cached.project(run_id, meta, matrix)
 points = meta.assign(x=projection.xy[:, 0], y=projection.xy[:, 1],
                      status=np.where(meta["kept"], "kept", "pruned"),
                      correct=np.where(meta["accuracy_reward"].fillna(0) > 0, "correct", "wrong")).dropna(subset=["x"])
@@ -53,14 +53,14 @@ st.caption(f"{len(points)} rollouts of steps {low}–{high}"
 if projection.pending:
     @st.fragment(run_every="2s")
     def wait_for_umap() -> None:
-        if data.project(run_id, meta, matrix).pending < projection.pending:
+        if cached.project(run_id, meta, matrix).pending < projection.pending:
             st.rerun(scope="app")
 
     wait_for_umap()
 if widgets.is_live(run):
     @st.fragment(run_every="3s")
     def newer_steps() -> None:
-        latest = data.latest_step(run_id)
+        latest = cached.latest_step(run_id)
         if latest is not None and latest > high:
             st.caption(f"Training has reached step {latest}; move the step range to map the newest rollouts.")
 
@@ -80,7 +80,7 @@ def map_and_selection() -> None:
     kept = int(chosen["kept"].sum())
     st.caption(f"{kept} kept, {len(chosen) - kept} left out · mean advantage {chosen['advantage'].mean():+.2f} · "
                f"{(chosen['accuracy_reward'].fillna(0) > 0).mean():.0%} correct · in map order (step, then rollout)")
-    details = pd.concat([data.rollouts(run_id, int(s)) for s in chosen["step"].unique()])
+    details = pd.concat([cached.rollouts(run_id, int(s)) for s in chosen["step"].unique()])
     chosen = chosen.sort_values(["step", "rollout_id"], key=lambda c: c if c.name == "step" else
                                 c.str.split("-").str[-1].astype(int), kind="stable")
     chosen = chosen.merge(details[["step", "rollout_id", "image_ref", "question", "completion"]],
@@ -90,7 +90,7 @@ def map_and_selection() -> None:
         if pages > 1 else 1
     part = chosen.iloc[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
     table = pd.DataFrame({
-        "image": [data.image_data_url(ref) for ref in part["image_ref"]],
+        "image": [cached.image_data_url(ref) for ref in part["image_ref"]],
         "step": part["step"], "status": [("kept" if k else f"left out: {analysis.reason_label(r)}")
                                          for k, r in zip(part["kept"], part["reason"])],
         "advantage": part["advantage"].round(3), "reward": part["reward"].round(2),

@@ -6,7 +6,7 @@ said, not silently replaced)."""
 import pandas as pd
 import streamlit as st
 
-from app import analysis, charts, data, widgets
+from fastrl_app import analysis, cached, charts, widgets
 
 ALL = "— every prompt of the step —"
 CHOICES = {"all": None, "yes": True, "no": False}
@@ -27,15 +27,15 @@ step = widgets.pick_step(step_ids, run_id, key="rollouts_step")
 kept = CHOICES[st.sidebar.radio("Kept", list(CHOICES), horizontal=True, key="rollouts_kept")]
 correct = CHOICES[st.sidebar.radio("Correct", list(CHOICES), horizontal=True, key="rollouts_correct")]
 
-groups = data.groups(run_id, step)
-rollouts = data.rollouts(run_id, step)
+groups = cached.groups(run_id, step)
+rollouts = cached.rollouts(run_id, step)
 rollouts = rollouts.assign(multiplicity=analysis.multiplicity(rollouts))
 reasons = sorted(rollouts["reason"].dropna().unique().tolist())
 chosen_reasons = st.sidebar.multiselect("Reason", reasons, format_func=analysis.reason_label, key="rollouts_reason",
                                         help="\n".join(f"- {analysis.reason_label(r)}: {analysis.reason_text(r)}"
                                                        for r in reasons))
-others = [r for r in data.runs()["run_id"].tolist() if r != run_id]
-paired, _ = analysis.paired_baseline(data.runs(), run_id)
+others = [r for r in cached.runs()["run_id"].tolist() if r != run_id]
+paired, _ = analysis.paired_baseline(cached.runs(), run_id)
 compare_with = st.sidebar.selectbox("Same prompt in run", [NONE, *others],
                                     index=([NONE, *others]).index(paired) if paired in others else 0,
                                     key="rollouts_compare", help="Show this prompt's group in another run beside it")
@@ -94,7 +94,7 @@ def full_text(frame: pd.DataFrame, key: str) -> None:
                 f"{row['advantage']:+.3f} · {row['status']}" + (f" ({row['reason']})" if row["reason"] != "—" else "")
                 + f" · stands for {int(row['multiplicity'])} · {int(row['length'])} tokens")
     st.code(row["completion"], language=None, wrap_lines=True)
-    tokens = data.tokens(run_id, int(row["step"]), chosen)
+    tokens = cached.tokens(run_id, int(row["step"]), chosen)
     if tokens is None:
         st.caption("This run's store has no per-token log-probabilities (written before they were recorded, or by "
                    "a trainer that does not record them): the text above is the complete decoded completion with "
@@ -108,7 +108,7 @@ def full_text(frame: pd.DataFrame, key: str) -> None:
 
 if prompt == ALL:
     st.caption(f"Step {step}: {len(shown)} of {len(rollouts)} rollouts match the filters, grouped by prompt.")
-    view = view.assign(image=[data.image_data_url(ref) for ref in view["image_ref"]])
+    view = view.assign(image=[cached.image_data_url(ref) for ref in view["image_ref"]])
     st.dataframe(view[["image", "prompt_id", "question", "status", "multiplicity", "reason", "reward",
                        "advantage", "score", "weight", "completion"]], hide_index=True, row_height=64,
                  height=min(40 + 65 * len(view), 1100), key="all_rollouts",
@@ -121,7 +121,7 @@ group = rollouts[rollouts["prompt_id"] == prompt]
 first = group.iloc[0]
 left, right = st.columns([1, 2])
 with left:
-    png = data.image_bytes(first["image_ref"])
+    png = cached.image_bytes(first["image_ref"])
     if png is not None:
         st.image(png, caption=f"prompt {prompt}", width=320)
     else:
@@ -144,13 +144,13 @@ full_text(view, "full_group")
 
 if compare_with != NONE:
     st.subheader(f"The same prompt in `{compare_with}`")
-    other_steps = data.groups(compare_with)
+    other_steps = cached.groups(compare_with)
     visits = other_steps.loc[other_steps["prompt_id"] == prompt, "step"].astype(int).tolist()
     if not visits:
         st.info(f"Run `{compare_with}` never drew prompt `{prompt}`.")
     else:
         other_step = step if step in visits else min(visits, key=lambda s: abs(s - step))
-        other = data.rollouts(compare_with, other_step, prompt)
+        other = cached.rollouts(compare_with, other_step, prompt)
         cols = st.columns(2)
         for col, label, rows, at in ((cols[0], run_id, group, step), (cols[1], compare_with, other, other_step)):
             with col:

@@ -4,13 +4,14 @@ method, from `fastrl_core.metrics` like `fastrl bench`), and chosen runs side by
 import pandas as pd
 import streamlit as st
 
-from app import analysis, charts, data, palette, widgets
-from fastrl_core import metrics
+from fastrl_app import analysis, cached, charts, palette, widgets
+from fastrl_core import metrics, savings
+from fastrl_core.store.schema import PHASES
 
 st.title("Runs")
 runs = widgets.runs_or_wait()
 
-st.caption(f"Store `{data.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "
+st.caption(f"Store `{cached.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "
            "training, evaluation excluded).")
 table = pd.DataFrame({
     "status": [widgets.status(r) for _, r in runs.iterrows()],
@@ -67,7 +68,7 @@ def methods_section() -> None:
         st.info("Pick one or more methods.")
         return
     sampled, y_title = widgets.accuracy_choice(ids, key="methods_accuracy")
-    per_run, summary, curves = data.comparison(ids, sampled=sampled)
+    per_run, summary, curves = cached.comparison(ids, sampled=sampled)
     x, x_title = X_AXES[x_name]
     bands = pd.concat([metrics.band(c, x=x).assign(method=m) for m, c in curves.groupby("method", sort=False)],
                       ignore_index=True) if len(curves) else pd.DataFrame()
@@ -91,7 +92,7 @@ def methods_section() -> None:
         + (f" (accuracy {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))})" if len(target) else "")
         + f"; reached target counts the seeds that got there. AUC: mean accuracy over the first "
         f"{per_run['horizon'].iloc[0]:.1f} s (the shortest run).")
-    phases = analysis.phases_long(summary, "method", data.PHASES)
+    phases = analysis.phases_long(summary, "method", PHASES)
     if not phases.empty:
         st.plotly_chart(charts.phase_bars(phases, revision="methods", label="method"), key="methods_phases")
     with st.expander("Every seed"):
@@ -105,10 +106,10 @@ st.fragment(methods_section, run_every=widgets.LIVE_EVERY if live else None)()
 st.header("Where each run's rollouts went")
 split_rows = []
 for run_id, method in zip(labels["run_id"], labels["method"]):
-    run_steps = data.steps([run_id])
-    if metrics.has_split(run_steps):
+    run_steps = cached.steps([run_id])
+    if savings.has_split(run_steps):
         split_rows.append({"run": f"{method} · {run_id}",
-                           **metrics.split_totals(metrics.rollout_split(run_steps))})
+                           **savings.split_totals(savings.rollout_split(run_steps))})
 if split_rows:
     totals = pd.DataFrame(split_rows)
     st.plotly_chart(charts.split_bars(totals, revision="runs/split"), key="runs_split")
@@ -132,11 +133,11 @@ picked_live = any(widgets.status(r) == "running" for _, r in runs[runs["run_id"]
 
 
 def compare() -> None:
-    steps = data.steps(chosen)
+    steps = cached.steps(chosen)
     if steps.empty:
         st.info("No steps written yet for these runs.")
         return
-    per_run, _, curves = data.comparison(chosen)
+    per_run, _, curves = cached.comparison(chosen)
     source = "eval" if accuracy_source.startswith("eval") else "train"
     if source == "eval" and curves.empty:
         st.warning("These runs have no evaluations yet; showing the training-rollout accuracy instead.")
@@ -173,7 +174,7 @@ def compare() -> None:
                "fixed, same objective) with this seed among the chosen runs.")
 
     st.subheader("Time per phase")
-    phases = analysis.phases_long(per_run, "run_id", data.PHASES)
+    phases = analysis.phases_long(per_run, "run_id", PHASES)
     if phases.empty:
         st.info("These runs recorded no phase timings.")
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from fastrl_core.algo.budget_base import StepOutcome, check_count, keep_some, uniform_draw
+from fastrl_core.algo.budget_base import PromptOutcomes, check_count, keep_some, uniform_draw
 
 
 RSA_FLOOR = 2  # the authors' lower bound on n
@@ -22,7 +22,7 @@ def rollout_sa_init(n: int = 8) -> dict:
     return {"n0": n, "n": n, "g1": None, "f1": [], "f2": [], "f3": None, "epochs": 0}
 
 
-def rollout_sa_update(state: dict, outcome: StepOutcome) -> dict:
+def rollout_sa_update(state: dict, outcome: PromptOutcomes) -> dict:
     """RolloutSA as in the authors' code (NOTES §1):
     every step        f1 = mean kept per prompt, f2 = max kept per prompt;
     at an epoch end   a = step / total_steps (the 1-based global step: outcome.step + 1),
@@ -42,7 +42,7 @@ def rollout_sa_update(state: dict, outcome: StepOutcome) -> dict:
     return state
 
 
-def _epoch_end_n(n0: int, reference: float | None, mean: float, top: float, outcome: StepOutcome
+def _epoch_end_n(n0: int, reference: float | None, mean: float, top: float, outcome: PromptOutcomes
                  ) -> tuple[float, float, int]:
     """The epoch-end rule both RolloutSA variants share, from the epoch's mean and max kept counts:
     g = α·mean + (1 − α)·top with α = (step + 1) / total_steps; the reference (mean + top) / 2 of the first epoch
@@ -64,7 +64,7 @@ def rollout_sa_paper_init(n: int = 8) -> dict:
             "epochs": 0}
 
 
-def rollout_sa_paper_update(state: dict, outcome: StepOutcome) -> dict:
+def rollout_sa_paper_update(state: dict, outcome: PromptOutcomes) -> dict:
     """Adaptive Rollout Sampling as written in the paper's §3.3 (arXiv 2609.36932):
         Eq. 10  G'mean_t = mean over the epoch's N questions of the kept count G'_t(q),  G'max_t = their max;
         Eq. 11  G'_t = α·G'mean_t + (1 − α)·G'max_t,  α = step_cur / step_total (1-based: outcome.step + 1);
@@ -143,7 +143,7 @@ def greso_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     return keep_some(counts, draws, skip, params["n"], min(params["min_prompts"], len(prompt_ids)))
 
 
-def greso_update(state: dict, outcome: StepOutcome) -> dict:
+def greso_update(state: dict, outcome: PromptOutcomes) -> dict:
     """Per sampled prompt: zero-variance streak (reset by a visit with reward variance; skipped visits leave it
     as it is) and whether the last zero-variance visit was all-correct (accuracy_mean >= 0.5, or without it the
     group's reward mean above the middle of the range of group means seen). After the first epoch, as in

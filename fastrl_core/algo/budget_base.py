@@ -11,8 +11,8 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    """What one step did per prompt, G prompts."""
+class PromptOutcomes:
+    """What one step did per prompt, G prompts: what a budget controller learns from (`budget_update`)."""
 
     prompt_ids: tuple[str, ...]  # the step's prompts
     sampled: Tensor  # (G,) rollouts sampled per prompt
@@ -29,7 +29,7 @@ class StepOutcome:
 class BudgetController:
     init: Callable[..., dict]  # (**params) -> state without the "controller" key
     allocate: Callable[[dict, Sequence[str]], list[int]]  # counts >= 0; 0 skips the prompt
-    update: Callable[[dict, StepOutcome], dict]  # may mutate its argument: `budget_update` passes a copy
+    update: Callable[[dict, PromptOutcomes], dict]  # may mutate its argument: `budget_update` passes a copy
 
 
 def check_count(name: str, value: object, low: int = 1) -> int:

@@ -27,9 +27,8 @@ from typing import Sequence
 import torch
 
 from fastrl_core.algo import baseline_budgets as baselines
-from fastrl_core.algo.budget_base import (BudgetController, StepOutcome, check_count, decided,  # noqa: F401
-                                          keep_some, same_for_every_prompt, uniform_draw)
-from fastrl_core.algo.baseline_budgets import greso_skip_probability  # noqa: F401
+from fastrl_core.algo.budget_base import (BudgetController, PromptOutcomes, check_count, decided, keep_some,
+                                          same_for_every_prompt, uniform_draw)
 from fastrl_core.algo.registry import Registry
 
 BUDGETS: Registry[BudgetController] = Registry("budget controller")  # filled at the end of this module
@@ -63,7 +62,7 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
     reward_scale        without accuracies: distance between a failed and a solved rollout's reward; default:
                         learned as the larger of 2 × the largest group reward std and the spread of group means
     decided_by_accuracy a visit with every rollout correct (or every one wrong) counts as decided even if the
-                        format reward varied (`decided`); needs StepOutcome.accuracy_mean
+                        format reward varied (`decided`); needs PromptOutcomes.accuracy_mean
     seed                of the probe draws (`uniform_draw`)
     min_prompts         a step samples at least this many prompts
     """
@@ -172,7 +171,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     0.574; this rule 7,837 (−39 %), 0.609 / 0.617. Two seeds, so accuracy is "not worse within seed noise",
     not "better".
 
-    Measured in the paper regime (configs/paper.yaml, no pruner, 5 seeds, mean@4, paired against GRPO): with
+    Measured in the paper regime (fastrl_core/configs/paper.yaml, no pruner, 5 seeds, mean@4, paired against GRPO): with
     rule 3 at informative_target 0.9, 35 % fewer rollouts, −0.8 ± 0.5 pts per step, +1.3 ± 0.9 at equal time
     (docs/bench/paper-cost); without it (only rule 2 cuts), 12 % fewer, +0.4 ± 1.4 per step, +1.3 ± 1.2 at equal
     time (docs/bench/paper-decided, run as informative_target 0.99, which keeps all 8). Rule 3 saves time at
@@ -190,7 +189,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     per step at all (6 of 8 for every prompt is +3.4 ± 0.5 over 8 at equal rollouts). Why no rule cuts
     much more there without cutting mixed groups: over a GRPO run of that config (seed 0, 1,280 groups) only
     7 % of groups are decided and 16 % are mixed with one rare outcome (1 of 8); 77 % are at 2–6 of 8 correct,
-    and each quarter of the run is within 3.5 pts of that (`fastrl train --method grpo configs/paper.yaml
+    and each quarter of the run is within 3.5 pts of that (`fastrl train --method grpo fastrl_core/configs/paper.yaml
     eval_every=0 eval_samples=0 store_dir=S`, then `benchmarks/paired_methods.py --budget S`).
     """
     params = state["params"]
@@ -213,7 +212,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     return keep_some(counts, draws, skip, n_min, min(params["min_prompts"], len(prompt_ids)))
 
 
-def _adaptive_update(state: dict, outcome: StepOutcome) -> dict:
+def _adaptive_update(state: dict, outcome: PromptOutcomes) -> dict:
     """Per sampled prompt: discounted pooled reward variance (sumsq += n·std², dof += n − 1) and, with
     accuracies, discounted correct / all counts (hits += n·accuracy, trials += n); the streak of decided visits
     (`decided`; a skipped visit leaves it as it is), visits and the last kept count; batch: the reward range for
@@ -283,24 +282,24 @@ def budget_allocate(name: str, state: dict, prompt_ids: Sequence[str]) -> list[i
     return controller.allocate(state, list(prompt_ids))
 
 
-def _check_outcome(outcome: StepOutcome) -> None:
+def _check_outcome(outcome: PromptOutcomes) -> None:
     g = len(outcome.prompt_ids)
     for key in ("sampled", "kept", "reward_mean", "reward_std", "accuracy_mean"):
         if getattr(outcome, key) is not None and getattr(outcome, key).shape != (g,):
-            raise ValueError(f"StepOutcome.{key} must be ({g},) like prompt_ids, got "
+            raise ValueError(f"PromptOutcomes.{key} must be ({g},) like prompt_ids, got "
                              f"{tuple(getattr(outcome, key).shape)}")
     bad = ((outcome.kept < 0) | (outcome.kept > outcome.sampled)).nonzero().flatten()
     if bad.numel():
-        raise ValueError(f"StepOutcome needs 0 <= kept <= sampled; not so for prompts "
+        raise ValueError(f"PromptOutcomes needs 0 <= kept <= sampled; not so for prompts "
                          f"{[outcome.prompt_ids[i] for i in bad[:5].tolist()]}")
     if not (torch.isfinite(outcome.reward_mean).all() and torch.isfinite(outcome.reward_std).all()):
-        raise ValueError("StepOutcome.reward_mean and reward_std must be finite")
+        raise ValueError("PromptOutcomes.reward_mean and reward_std must be finite")
     if outcome.total_steps < 1 or outcome.step < 0:
-        raise ValueError(f"StepOutcome needs step >= 0 and total_steps >= 1, got {outcome.step}, "
+        raise ValueError(f"PromptOutcomes needs step >= 0 and total_steps >= 1, got {outcome.step}, "
                          f"{outcome.total_steps}")
 
 
-def budget_update(name: str, state: dict, outcome: StepOutcome) -> dict:
+def budget_update(name: str, state: dict, outcome: PromptOutcomes) -> dict:
     """The controller's new state after `outcome`; `state` itself is left unchanged."""
     controller = BUDGETS.get(name)
     _check_state(name, state)

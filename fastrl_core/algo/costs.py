@@ -2,7 +2,7 @@
 
 Pruning a rollout saves its log-prob passes and its share of the update, c seconds, and the rest of the step
 (generation, reward, pruning, the passes' fixed part) costs T0 seconds whatever is kept. Measured on 2 CPU cores
-(configs/paper.yaml, docs/bench/paper-sampled): c = 1.46 + 4.12 = 5.6 ms per kept row against T0 ~ 0.65 s; the
+(fastrl_core/configs/paper.yaml, docs/bench/paper-sampled): c = 1.46 + 4.12 = 5.6 ms per kept row against T0 ~ 0.65 s; the
 paper's 7B profile on GPU spends 84 % of a step in the update (NOTES §6). A fixed keep ratio cannot be right on
 both. Counting the |A| mass a_i = m_i|A_i| of a pruned rollout as lost (pessimistic: the coreset passes much of it
 on to the rows it keeps), the signal per second of keeping the k heaviest rows is
@@ -17,7 +17,7 @@ affine, so the ratio rises then falls and the argmax is its only peak.
 ρ comes from the run's own phase times (`fit_row_cost`: a least-squares line of the passes' seconds on the kept
 count over recent steps) or is given as a number, which makes the decisions reproducible.
 
-Measured (docs/bench/paper-cost, configs/paper.yaml, 5 seeds, mean@4): the fitted ρ is 0.014-0.017 on average
+Measured (docs/bench/paper-cost, fastrl_core/configs/paper.yaml, 5 seeds, mean@4): the fitted ρ is 0.014-0.017 on average
 (0.002-0.03 over 10-step windows). At that rate the coreset prunes 5-7 % of the nonzero-advantage rows instead of
 24-25 % at keep ratio 0.5. That is +1.0 pts per step and +0.8 at equal training seconds over the fixed ratio,
 and level with pruning nothing beyond A = 0.

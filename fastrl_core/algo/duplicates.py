@@ -78,7 +78,8 @@ def prune_distinct(name: str, batch, duplicates: Duplicates | None, **options):
     representatives can be kept; a copy is pruned with reason DUPLICATE when its representative is kept (it is in
     the update through the multiplicity) and with its representative's reason otherwise, and carries its
     representative's score and weight, so the weights of a class's rows sum to its weight in the loss."""
-    from fastrl_core.algo.pruners import GroupBatch, PruneResult, Reason, prune
+    from fastrl_core.algo.groups import GroupBatch, PruneResult, Reason
+    from fastrl_core.algo.pruners import prune
 
     if duplicates is None:
         return prune(name, batch, **options)

@@ -17,7 +17,7 @@ mini-batches a quarter the size); `fixed_size` is verl's default with pruning bo
 the unpruned step, so a step that kept half its rollouts makes half the updates). `full_rows` is the rollouts a
 full, unpruned step samples (prompts_per_step x rollouts_per_prompt).
 
-Measured (`fastrl bench --config configs/paper.yaml` with `minibatch_mode=fixed_size`, 3 seeds,
+Measured (`fastrl bench --config fastrl_core/configs/paper.yaml` with `minibatch_mode=fixed_size`, 3 seeds,
 docs/bench/paper-fixed-minibatch): FastRL with `fixed_size` makes ~1 update a step and is 1.72x faster per step than
 GRPO, but ends 4.6 +- 3.0 pts below it and never reaches its target accuracy; with `equal_updates` it is 1.39x and
 within noise of GRPO. So `equal_updates` is the default. (A third mode, `as_sampled`, kept pruned rows in the

@@ -41,8 +41,6 @@ from fastrl_core.engines.base import Rollouts
 from fastrl_core.engines.logprobs import chunked_token_logprobs
 from fastrl_core.policy import Policy, load_image
 
-__all__ = ["HFEngine", "PromptBatch", "Rollouts"]  # Rollouts lives in engines.base; re-exported for old imports
-
 
 @dataclass
 class PromptBatch:

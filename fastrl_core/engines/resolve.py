@@ -1,6 +1,6 @@
 """What each rollout engine can do, and the one place that turns a config's sketch settings into a sketch kind.
 
-Pure: imports neither transformers nor vLLM, so the config check (`fastrl_core.checks`) runs before any model loads.
+Pure: imports neither transformers nor vLLM, so the config check (`fastrl_core.run_config`) runs before any model loads.
 
 | engine | sketches it can give   | log-probs it returns                        | old log-probs recomputed by default |
 |--------|------------------------|---------------------------------------------|-------------------------------------|
@@ -124,9 +124,10 @@ def model_hidden_size(model: str, key: str = "hidden_size") -> int | None:
     config.json ("embedded": the shipped warm start), without loading weights; None for a hub name (a config
     check downloads nothing) or a config without one."""
     import json
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "data" / "warmstart" if model == "embedded" else Path(model)
+    from fastrl_core.shipped import model_path
+
+    root = model_path(model)
     try:
         config = json.loads((root / "config.json").read_text())
     except (OSError, ValueError):

@@ -76,7 +76,8 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
-from fastrl_core.algo.pruners import GroupBatch, PruneResult, Reason, prune
+from fastrl_core.algo.groups import GroupBatch, PruneResult, Reason
+from fastrl_core.algo.pruners import prune
 from fastrl_core.algo.sketches import token_sketch
 
 TOPPED_UP = "TOPPED_UP"  # store reason of a pruned rollout put back to balance the processes' micro-batches
@@ -417,7 +418,7 @@ class FastRLGRPOTrainer(GRPOTrainer):
         lengths = gather_object([len(tokens) for tokens in stash["completion_ids"]])
         if not self.accelerator.is_main_process:
             return
-        from fastrl_core.store import RunWriter, StepResult, image_key, step_rows
+        from fastrl_core.store import RunWriter, StepRecord, image_key, step_rows
 
         if self._writer is None:
             self._writer = RunWriter(self.fastrl_store_dir, name=self.fastrl_run_name, config=self._run_config(),
@@ -444,7 +445,7 @@ class FastRLGRPOTrainer(GRPOTrainer):
                                                                               topped_up.tolist())]
         seconds = dict.fromkeys(PHASES, 0.0) | self._seconds
         seconds["store"] = time.perf_counter() - start
-        rows = step_rows(StepResult(
+        rows = step_rows(StepRecord(
             step=self.fastrl_generation, prompt_ids=prompt_ids, questions=[questions[i] for i in firsts],
             answers=[answers[i] for i in firsts], image_refs=image_refs, images=images, group_index=group_ids,
             completions=completions, lengths=lengths, rewards=rewards, advantages=advantages, keep_mask=keep,

@@ -7,7 +7,7 @@ the steps row last); the app and the benchmarks read through the `read_*` functi
 and move aside damaged files, which the readers skip and list (`damaged_files`). `store.duckdb` holds views over
 the live files for ad-hoc SQL (`cd <store_dir> && duckdb -readonly store.duckdb`: its paths are relative, so a
 copied store reads its own files). Layout and guarantees: `fastrl_core.store.layout`;
-schemas: `fastrl_core.store.schema`; well-formed fake runs for tests and app work: `fastrl_core.store.synthetic`.
+schemas: `fastrl_core.store.schema`; well-formed fake runs for tests and app work: `fastrl_core.store.fake_runs`.
 """
 
 from fastrl_core.store.check import check_store, quarantine
@@ -28,12 +28,12 @@ from fastrl_core.store.readers import (
     run_states,
 )
 from fastrl_core.store.schema import PHASES
-from fastrl_core.store.step_rows import GroupStats, StepResult, StepRows, group_stats, step_rows
+from fastrl_core.store.step_rows import GroupStats, StepRecord, StepTables, group_stats, step_rows
 from fastrl_core.store.writer import RunWriter, image_key
 
 __all__ = [
     "PHASES", "SAMPLED_SUFFIX", "GroupStats", "RunLocked", "RunWriter", "check_store", "damaged_files", "quarantine",
-    "run_state", "run_states", "StepResult", "StepRows", "compact", "compact_main", "group_stats",
+    "run_state", "run_states", "StepRecord", "StepTables", "compact", "compact_main", "group_stats",
     "image_key", "latest_step", "list_runs", "read_budget_matrix", "read_evals", "read_groups", "read_image",
     "read_rollouts", "read_runs", "read_sketches", "read_steps", "sampled_split", "step_rows",
 ]

@@ -27,7 +27,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from fastrl_core.store import damage, layout, schema
-from fastrl_core.store.damage import damaged_files, file_problem  # noqa: F401  (importable from here too)
 
 _lock = threading.Lock()
 _connection: tuple[int, duckdb.DuckDBPyConnection] | None = None

@@ -1,8 +1,8 @@
 """One builder of a training step's store rows (steps row, groups rows, rollouts rows, images), used by the trainer,
 the TRL plug-in and scripts/gpu_check.py, so each fact of a step is computed in one place.
 
-A caller fills a `StepResult` (N rollouts in G prompt groups; arrays may be NumPy arrays, CPU tensors or lists)
-and writes `step_rows(result).write_to(writer)`. The per-group statistics (`group_stats`) are the ones the budget
+A caller fills a `StepRecord` (N rollouts in G prompt groups; arrays may be NumPy arrays, CPU tensors or lists)
+and writes `step_rows(record).write_to(writer)`. The per-group statistics (`group_stats`) are the ones the budget
 controllers read too. NumPy only: the store (and the app that reads it) does not import torch.
 
 Definitions (one place each):
@@ -80,7 +80,7 @@ def group_stats(rewards: Any, group_index: Any, keep_mask: Any, num_groups: int)
 
 
 @dataclass
-class StepResult:
+class StepRecord:
     """One training step as the store records it: N rollouts in G prompt groups (group g = the step's prompt g)."""
 
     step: int
@@ -115,8 +115,8 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class StepRows:
-    """The arguments of `RunWriter.write_step` for one step, and the groups' statistics."""
+class StepTables:
+    """One step's rows for each store table (the arguments of `RunWriter.write_step`), and the groups' statistics."""
 
     step: int
     step_row: dict
@@ -130,32 +130,32 @@ class StepRows:
                           images=self.images)
 
 
-def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
-    """The store rows of `result` (module docstring for each definition); `log_rollouts=False` leaves the
+def step_rows(record: StepRecord, *, log_rollouts: bool = True) -> StepTables:
+    """The store rows of `record` (module docstring for each definition); `log_rollouts=False` leaves the
     rollouts rows (texts and sketches) out, as `RunWriter.write_step` allows."""
-    num_groups = len(result.prompt_ids)
+    num_groups = len(record.prompt_ids)
     for name in ("questions", "answers", "image_refs"):
-        if len(getattr(result, name)) != num_groups:
-            raise ValueError(f"StepResult.{name} has {len(getattr(result, name))} entries for {num_groups} prompts")
-    rewards = _numpy(result.rewards, np.float64).reshape(-1)
-    keep = _numpy(result.keep_mask, bool).reshape(-1)
-    stats = group_stats(rewards, result.group_index, keep, num_groups)
+        if len(getattr(record, name)) != num_groups:
+            raise ValueError(f"StepRecord.{name} has {len(getattr(record, name))} entries for {num_groups} prompts")
+    rewards = _numpy(record.rewards, np.float64).reshape(-1)
+    keep = _numpy(record.keep_mask, bool).reshape(-1)
+    stats = group_stats(rewards, record.group_index, keep, num_groups)
     n = rewards.size
-    multiplicity = (np.ones(n, np.int64) if result.multiplicity is None
-                    else _numpy(result.multiplicity, np.int64).reshape(-1))
+    multiplicity = (np.ones(n, np.int64) if record.multiplicity is None
+                    else _numpy(record.multiplicity, np.int64).reshape(-1))
     if multiplicity.size != n:
-        raise ValueError(f"StepResult.multiplicity has {multiplicity.size} entries for {n} rollouts")
+        raise ValueError(f"StepRecord.multiplicity has {multiplicity.size} entries for {n} rollouts")
     copies = multiplicity == 0
-    merged = np.bincount(_numpy(result.group_index, np.int64).reshape(-1)[copies], minlength=num_groups)
-    per_rollout = {"completions": result.completions, "lengths": result.lengths, "advantages": result.advantages,
-                   "reasons": result.reasons, "scores": result.scores, "weights": result.weights,
-                   "format_rewards": result.format_rewards, "accuracy_rewards": result.accuracy_rewards,
-                   "sketches": result.sketches}
+    merged = np.bincount(_numpy(record.group_index, np.int64).reshape(-1)[copies], minlength=num_groups)
+    per_rollout = {"completions": record.completions, "lengths": record.lengths, "advantages": record.advantages,
+                   "reasons": record.reasons, "scores": record.scores, "weights": record.weights,
+                   "format_rewards": record.format_rewards, "accuracy_rewards": record.accuracy_rewards,
+                   "sketches": record.sketches}
     for name, values in per_rollout.items():
         if values is not None and len(values) != n:
-            raise ValueError(f"StepResult.{name} has {len(values)} entries for {n} rollouts")
+            raise ValueError(f"StepRecord.{name} has {len(values)} entries for {n} rollouts")
 
-    accuracy = result.accuracy_rewards
+    accuracy = record.accuracy_rewards
     accuracy_values = np.array([np.nan if a is None else a for a in accuracy] if accuracy is not None else [],
                                dtype=np.float64)
     step_row = {
@@ -164,66 +164,66 @@ def step_rows(result: StepResult, *, log_rollouts: bool = True) -> StepRows:
         "reward_mean": _mean(rewards), "accuracy": _mean(accuracy_values),
         "zero_variance_groups": int(((stats.reward_std == 0) & (stats.sampled > 0)).sum()),
     }
-    if result.nominal_per_prompt is not None:
-        nominal = int(result.nominal_per_prompt) * num_groups
+    if record.nominal_per_prompt is not None:
+        nominal = int(record.nominal_per_prompt) * num_groups
         merged_total = int(copies.sum())
         if (copies & keep).any():
-            raise ValueError("StepResult: a merged copy (multiplicity 0) is marked kept")
+            raise ValueError("StepRecord: a merged copy (multiplicity 0) is marked kept")
         pruned = int(n - keep.sum() - merged_total)
         step_row.update({"rollouts_nominal": nominal, "rollouts_skipped": nominal - int(n),
                          "rollouts_merged": merged_total, "rollouts_pruned": pruned})
-    if result.format_rewards is not None:
-        step_row["format_rate"] = _mean(_numpy(result.format_rewards, np.float64).reshape(-1))
-    step_row.update(result.metrics)
-    step_row.update({f"time_{phase}": float(seconds) for phase, seconds in result.seconds.items()})
-    step_row.update({f"cpu_{phase}": float(seconds) for phase, seconds in result.cpu_seconds.items()})
-    if result.wall_time is not None:
-        step_row["wall_time"] = float(result.wall_time)
+    if record.format_rewards is not None:
+        step_row["format_rate"] = _mean(_numpy(record.format_rewards, np.float64).reshape(-1))
+    step_row.update(record.metrics)
+    step_row.update({f"time_{phase}": float(seconds) for phase, seconds in record.seconds.items()})
+    step_row.update({f"cpu_{phase}": float(seconds) for phase, seconds in record.cpu_seconds.items()})
+    if record.wall_time is not None:
+        step_row["wall_time"] = float(record.wall_time)
 
     groups = [{"prompt_id": prompt_id, "reward_mean": float(mean), "reward_std": float(std), "sampled": int(s),
                "kept": int(k), "merged": int(m)}
-              for prompt_id, mean, std, s, k, m in zip(result.prompt_ids, stats.reward_mean.tolist(),
+              for prompt_id, mean, std, s, k, m in zip(record.prompt_ids, stats.reward_mean.tolist(),
                                                        stats.reward_std.tolist(), stats.sampled.tolist(),
                                                        stats.kept.tolist(), merged.tolist())]
-    rollouts = _rollout_rows(result, rewards, keep) if log_rollouts else []
-    if rollouts and result.decode_token is not None:
-        for row, text in zip(rollouts, token_texts(result)):
+    rollouts = _rollout_rows(record, rewards, keep) if log_rollouts else []
+    if rollouts and record.decode_token is not None:
+        for row, text in zip(rollouts, token_texts(record)):
             row["tokens"] = text
-    return StepRows(int(result.step), step_row, groups, rollouts, dict(result.images), stats)
+    return StepTables(int(record.step), step_row, groups, rollouts, dict(record.images), stats)
 
 
-def _rollout_rows(result: StepResult, rewards: np.ndarray, keep: np.ndarray) -> list[dict]:
+def _rollout_rows(record: StepRecord, rewards: np.ndarray, keep: np.ndarray) -> list[dict]:
     """One row per rollout; plain lists first (indexing an array once per value is slow)."""
-    group = _numpy(result.group_index, np.int64).reshape(-1).tolist()
-    lengths = _numpy(result.lengths, np.int64).reshape(-1).tolist()
-    advantages = _numpy(result.advantages, np.float64).reshape(-1).tolist()
-    scores = _numpy(result.scores, np.float64).reshape(-1).tolist()
-    weights = np.where(keep, _numpy(result.weights, np.float64).reshape(-1), 0.0).tolist()
+    group = _numpy(record.group_index, np.int64).reshape(-1).tolist()
+    lengths = _numpy(record.lengths, np.int64).reshape(-1).tolist()
+    advantages = _numpy(record.advantages, np.float64).reshape(-1).tolist()
+    scores = _numpy(record.scores, np.float64).reshape(-1).tolist()
+    weights = np.where(keep, _numpy(record.weights, np.float64).reshape(-1), 0.0).tolist()
     kept, reward = keep.tolist(), rewards.tolist()
-    formats = (_numpy(result.format_rewards, np.float64).reshape(-1).tolist() if result.format_rewards is not None
+    formats = (_numpy(record.format_rewards, np.float64).reshape(-1).tolist() if record.format_rewards is not None
                else [None] * len(reward))
-    accuracy = ([None if a is None else float(a) for a in result.accuracy_rewards]
-                if result.accuracy_rewards is not None else [None] * len(reward))
-    sketches = _numpy(result.sketches, np.float32) if result.sketches is not None else None  # rows are views
-    prefix = f"{int(result.step)}-"
+    accuracy = ([None if a is None else float(a) for a in record.accuracy_rewards]
+                if record.accuracy_rewards is not None else [None] * len(reward))
+    sketches = _numpy(record.sketches, np.float32) if record.sketches is not None else None  # rows are views
+    prefix = f"{int(record.step)}-"
     return [{
-        "rollout_id": f"{prefix}{i}", "prompt_id": result.prompt_ids[g], "image_ref": result.image_refs[g],
-        "question": result.questions[g], "answer": result.answers[g], "completion": result.completions[i],
+        "rollout_id": f"{prefix}{i}", "prompt_id": record.prompt_ids[g], "image_ref": record.image_refs[g],
+        "question": record.questions[g], "answer": record.answers[g], "completion": record.completions[i],
         "reward": reward[i], "format_reward": formats[i], "accuracy_reward": accuracy[i],
-        "advantage": advantages[i], "kept": kept[i], "reason": result.reasons[i], "score": scores[i],
+        "advantage": advantages[i], "kept": kept[i], "reason": record.reasons[i], "score": scores[i],
         "weight": weights[i], "length": lengths[i], "sketch": sketches[i] if sketches is not None else None,
     } for i, g in enumerate(group)]
 
 
-def token_texts(result: StepResult) -> list[str]:
+def token_texts(record: StepRecord) -> list[str]:
     """Each rollout's completion tokens with their log-probs as JSON text (module docstring); (N,) strings."""
     import json
 
-    ids = _numpy(result.token_ids, np.int64)
-    mask = _numpy(result.token_mask, bool)
-    logprobs = _numpy(result.token_logprobs, np.float64)
+    ids = _numpy(record.token_ids, np.int64)
+    mask = _numpy(record.token_mask, bool)
+    logprobs = _numpy(record.token_logprobs, np.float64)
     if not ids.shape == mask.shape == logprobs.shape:
-        raise ValueError(f"StepResult: token_ids {ids.shape}, token_mask {mask.shape} and token_logprobs "
+        raise ValueError(f"StepRecord: token_ids {ids.shape}, token_mask {mask.shape} and token_logprobs "
                          f"{logprobs.shape} must have one (N, T) shape")
     text: dict[int, str] = {}
     out = []
@@ -232,7 +232,7 @@ def token_texts(result: StepResult) -> list[str]:
         for token, on, lp in zip(row_ids, row_mask, row_lp):
             if on:
                 if token not in text:
-                    text[token] = result.decode_token(token)
+                    text[token] = record.decode_token(token)
                 pairs.append([text[token], round(lp, 3)])
         out.append(json.dumps(pairs, ensure_ascii=False, separators=(",", ":")))
     return out

@@ -1,6 +1,6 @@
-"""`fastrl demo`: FastRL and plain GRPO trained side by side on configs/demo.yaml while the dashboard serves.
+"""`fastrl demo`: FastRL and plain GRPO trained side by side on the shipped config `demo` while the dashboard serves.
 
-The two runs are the recipes of those names (`configs/methods.yaml`) under one seed, built from the same config,
+The two runs are the recipes of those names (`fastrl_core.methods`) under one seed, built from the same config,
 data order and warm start, and their steps are called round-robin in ONE process (`run_loop.run_interleaved`, the
 loop of `fastrl train` and `fastrl bench`): a neighbouring job that slows the machine slows both alike, so the Demo
 page may compare their seconds. They are named as bench runs (`bench-<method>-seed<seed>`), which is how the
@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 DEMO_METHODS = ("fastrl", "grpo")  # bench method names
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+CONFIG = "demo"  # a shipped config (fastrl_core/configs/demo.yaml)
 
 
-def demo_configs(store: Path, overrides: list[str], seed: int = 0, config: Path = CONFIG) -> dict:
+def demo_configs(store: Path, overrides: list[str], seed: int = 0, config: str | Path = CONFIG) -> dict:
     """method -> TrainConfig of each demo run (the bench's method overrides, then `overrides`)."""
-    from fastrl_core.bench import method_config
+    from fastrl_app.bench import method_config
 
     return {method: method_config(config, method, seed, str(store), overrides) for method in DEMO_METHODS}
 
@@ -31,7 +31,7 @@ def train_demo(store: Path, overrides: list[str], *, show_progress: bool = True)
     of each in turn, one progress bar over both, Ctrl-C / SIGTERM / errors mark the runs); method -> run id."""
     from tqdm.auto import tqdm
 
-    from fastrl_core.bench import train_interleaved
+    from fastrl_app.bench import train_interleaved
 
     return train_interleaved(demo_configs(store, overrides), log=lambda line: tqdm.write(line, file=sys.stdout),
                              progress=show_progress, label="demo (both runs)")
@@ -41,7 +41,7 @@ def run_demo(*, store: Path, port: int, address: str, steps: int | None, overrid
              serve_after: bool = True) -> int:
     """Serve the dashboard on `store`, train both runs side by side, then keep serving until Ctrl-C
     (`serve_after=False`: return once trained)."""
-    from app.launch import serve
+    from fastrl_app.launch import serve
 
     def interrupt(signum, frame):  # SIGTERM (e.g. `timeout`, a container stop) stops cleanly like Ctrl-C
         raise KeyboardInterrupt
@@ -54,7 +54,7 @@ def run_demo(*, store: Path, port: int, address: str, steps: int | None, overrid
     app = serve(store, port=port, address=address, timeout=90)  # returns once healthy
     try:
         print(f"\nFastRL dashboard: http://{address}:{port}   (store: {store}; Ctrl-C stops)\n"
-              f"Training {' and '.join(DEMO_METHODS)} interleaved step by step ({CONFIG.name}: "
+              f"Training {' and '.join(DEMO_METHODS)} interleaved step by step (config {CONFIG}: "
               f"{steps_each} steps each)", flush=True)
         train_demo(store, overrides)
         print(f"\nBoth runs finished in {(time.monotonic() - started) / 60:.1f} min. "

@@ -30,9 +30,9 @@ def prompt_png(prompt_index: int, size: int = 112) -> bytes:
     return buffer.getvalue()
 
 
-def synthetic_step(step: int, *, prompts: int = 16, rollouts_per_prompt: int = 8, sketch_dim: int = 256,
+def fake_step(step: int, *, prompts: int = 16, rollouts_per_prompt: int = 8, sketch_dim: int = 256,
                    dataset_size: int = 64, seed: int = 0, pngs: dict[int, bytes] | None = None) -> dict:
-    """Keyword arguments for `RunWriter.write_step(step, **synthetic_step(step))`.
+    """Keyword arguments for `RunWriter.write_step(step, **fake_step(step))`.
 
     Prompts are drawn from `dataset_size` distinct prompts (their images repeat across steps, as in training);
     `pngs` caches prompt images between calls.
@@ -86,7 +86,7 @@ def synthetic_step(step: int, *, prompts: int = 16, rollouts_per_prompt: int = 8
     return {"step_row": step_row, "groups": groups, "rollouts": rollouts, "images": images}
 
 
-def write_synthetic_run(store_dir: str | Path, *, steps: int, name: str = "synthetic", eval_every: int = 10,
+def write_fake_run(store_dir: str | Path, *, steps: int, name: str = "synthetic", eval_every: int = 10,
                         finish: bool = True, **step_kwargs) -> str:
     """Write a whole synthetic run (steps, evals every `eval_every` steps) and return its run id."""
     writer = RunWriter(store_dir, name=name, config={"steps": steps, **step_kwargs}, model="synthetic",
@@ -94,7 +94,7 @@ def write_synthetic_run(store_dir: str | Path, *, steps: int, name: str = "synth
                        code_version="synthetic")
     pngs: dict[int, bytes] = {}
     for step in range(steps):
-        writer.write_step(step, **synthetic_step(step, pngs=pngs, **step_kwargs))
+        writer.write_step(step, **fake_step(step, pngs=pngs, **step_kwargs))
         if step % eval_every == 0 or step == steps - 1:
             writer.write_eval(step, "test", accuracy=min(1.0, 0.3 + step / (2 * steps)), n=256)
     if finish:

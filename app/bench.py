@@ -27,8 +27,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fastrl_core import metrics
-from fastrl_core.config import TrainConfig, load_config
-from fastrl_core.methods import METHODS  # name -> overrides, from configs/methods.yaml
+from fastrl_core.config import TrainConfig
+from fastrl_core.methods import METHODS  # name -> overrides, from fastrl_core/configs/methods.yaml
+from fastrl_core.run_config import load_config
+from fastrl_core.shipped import config_names
 from fastrl_core.store.layout import SAMPLED_SUFFIX
 from fastrl_core.store.schema import PHASES
 
@@ -43,7 +45,7 @@ PAPER_FIGURES = {
     "adaptive_only": "1.15× · 51.91 (ARS alone)",
 }
 DEFAULT_METHODS = "grpo,dapo_filter,cppo,pods,fastrl_official,fastrl"
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "embedded.yaml"
+DEFAULT_CONFIG = "embedded"  # a shipped config
 REPEAT_TOLERANCE = 0.10  # acceptance: two invocations' per-step ratios within 10 % of each other
 
 
@@ -367,7 +369,8 @@ def repeat_check(summary: list[dict], other: list[dict], tolerance: float = REPE
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fastrl bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="training config shared by every run")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="training config shared by every run: a shipped "
+                        f"config's name ({', '.join(config_names())}) or a YAML file")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)}")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of every method")
     parser.add_argument("--seeds-for", action="append", default=[], metavar="METHOD=SEEDS",

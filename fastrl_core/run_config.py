@@ -1,4 +1,5 @@
-"""The config check `load_config` runs before any model, dataset or store is touched.
+"""A run's config: `load_config` reads it (`fastrl_core.config`) and checks it before any model, dataset or store is
+touched.
 
 Everything is read from the code at call time, never from a list kept here, so a pruner, budget controller,
 loss or config key added elsewhere is checked the same way:
@@ -22,80 +23,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
-import math
-import re
-import types
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-if TYPE_CHECKING:  # config.py imports this module; the check reads the config's own class
-    from fastrl_core.config import TrainConfig
-
-
-class ConfigError(ValueError):
-    """A bad config: unknown key, wrong type, out-of-range value, unknown name or an unsupported combination.
-    The message names the key, the bad value and the valid ones (the CLI prints it as one line, exit code 2)."""
-
-
-def describe_bounds(bounds: str) -> str:
-    """">= 1" -> ">= 1"; "(0, 1]" -> "in (0, 1]"."""
-    return f"in {bounds}" if bounds.lstrip()[:1] in "([" else bounds
-
-
-_BOUNDS = re.compile(r"^\s*(?:(>=|>|<=|<)\s*(\S+)|([(\[])\s*(\S+)\s*,\s*(\S+)\s*([)\]]))\s*$")
-
-
-def in_bounds(value: float, bounds: str) -> bool:
-    """Whether `value` lies in `bounds`: ">= a", "> a", "<= a", "< a", or an interval "(a, b]" / "[a, b)" / ..."""
-    match = _BOUNDS.match(bounds)
-    if match is None:
-        raise ValueError(f"bad bounds {bounds!r}")
-    if not math.isfinite(value):
-        return False
-    op, limit, left, low, high, right = match.groups()
-    if op is not None:
-        limit = float(limit)
-        return {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[op]
-    low, high = float(low), float(high)
-    return (value >= low if left == "[" else value > low) and (value <= high if right == "]" else value < high)
-
-
-def allowed_types(annotation: Any) -> tuple[type, ...] | None:
-    """The plain classes an annotation allows (`float | None` -> (float, NoneType)); None if it is not a plain
-    class or a union of them (then only the default's type is checked)."""
-    if annotation is None or annotation is type(None):
-        return (type(None),)
-    if isinstance(annotation, type) and annotation.__module__ == "builtins":
-        return (annotation,)
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        parts = [allowed_types(arg) for arg in typing.get_args(annotation)]
-        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)
-    origin = typing.get_origin(annotation)
-    if origin in (dict, list, tuple):
-        return (origin,)
-    return None
-
-
-def coerce(value: Any, allowed: tuple[type, ...], key: str, where: str) -> Any:
-    """`value` as one of the `allowed` types: ints are accepted for floats, YAML-1.1 strings like "1e-3" for
-    floats, numbers for strings, "auto" for None; bools are never ints. Raises ConfigError naming `key`."""
-    if value == "auto" and type(None) in allowed and str not in allowed:
-        return None
-    if isinstance(value, str) and float in allowed and str not in allowed:
-        try:
-            return float(value)  # YAML 1.1 reads "1e-3" as a string
-        except ValueError:
-            pass
-    if isinstance(value, int) and not isinstance(value, bool) and float in allowed and int not in allowed:
-        return float(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and str in allowed and len(allowed) == 1:
-        return str(value)
-    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
-        names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
-        raise ConfigError(f"{where}{key} expects {names}, got {value!r}")
-    return value
-
+from fastrl_core.config import ConfigError, TrainConfig, allowed_types, coerce, describe_bounds, in_bounds, read_config
 
 def registry_names() -> dict[str, list[str]]:
     """Valid names of each config key that names a registry entry."""
@@ -328,3 +260,11 @@ def check_environment(config: TrainConfig) -> None:
         raise ConfigError(f"engine='vllm': {INSTALL_HINT}")
     if torch.device(config.device).type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={config.device!r}: no CUDA device is visible on this machine")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+    """The config `path` (a shipped config's name, e.g. "paper", or a YAML file; None: the defaults) under
+    `key=value` overrides (`fastrl_core.config.read_config`), then checked and resolved by `check_config` (every
+    name, sub-key, type and range, and the engine / sketch combination) before anything loads."""
+    config, sources = read_config(path, overrides)
+    return check_config(config, sources=sources)

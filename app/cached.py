@@ -18,13 +18,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.projection import Projection, SketchMap
+from fastrl_app.projection import Projection, SketchMap
 from fastrl_core import metrics, store
-from fastrl_core.store import PHASES
-
-__all__ = ["PHASES", "store_dir", "runs", "latest_step", "steps", "evals", "groups", "rollouts", "rollout_steps",
-           "budget_matrix", "questions", "tokens", "sketches", "image_bytes", "image_data_url", "sketch_map", "project",
-           "comparison", "has_sampled", "damage_notice"]
 
 
 def store_dir() -> Path:

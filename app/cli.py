@@ -13,12 +13,15 @@ import errno
 import sys
 from pathlib import Path
 
+from fastrl_core.shipped import config_names
+
 
 def _train(args: argparse.Namespace) -> int:
-    from fastrl_core.config import ConfigError, field_help, load_config
+    from fastrl_core.config import ConfigError, field_help
+    from fastrl_core.run_config import load_config
 
     if args.list_keys:
-        from fastrl_core.checks import registry_names
+        from fastrl_core.run_config import registry_names
 
         names = registry_names()
         for key, text in field_help().items():
@@ -43,10 +46,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from fastrl_core.checks import check_source
     from fastrl_core.config import ConfigError
     from fastrl_core.data.problems import load_problems
     from fastrl_core.data.templates import TEMPLATES
+    from fastrl_core.run_config import check_source
 
     if args.template not in TEMPLATES:  # before any dataset or model loads
         raise ConfigError(f"--template {args.template!r} is unknown; valid: {', '.join(sorted(TEMPLATES))}")
@@ -106,7 +109,7 @@ def _store_check(args: argparse.Namespace) -> int:
 
 
 def _app(args: argparse.Namespace) -> int:
-    from app.launch import serve
+    from fastrl_app.launch import serve
 
     process = serve(Path(args.store), port=args.port, address=args.address, timeout=60)  # returns once healthy
     try:
@@ -120,14 +123,14 @@ def _app(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from fastrl_core.demo import run_demo
+    from fastrl_app.demo import run_demo
 
     return run_demo(store=Path(args.store), port=args.port, address=args.address, steps=args.steps,
                     overrides=args.overrides)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from app.report import write_report
+    from fastrl_app.report import write_report
 
     path = write_report(Path(args.store), Path(args.out), run_id=args.run)
     print(f"wrote {path}")
@@ -135,7 +138,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from fastrl_core.bench import main
+    from fastrl_app.bench import main
 
     return main(args.rest) or 0
 
@@ -146,10 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("train", help="train with a YAML config and key=value overrides")
-    p.add_argument("overrides", nargs="*", help="[CONFIG.yaml] key=value ... (see --list-keys)")
+    p.add_argument("overrides", nargs="*", help="[CONFIG] key=value ... (CONFIG: a shipped config's name, "
+                   f"{', '.join(config_names())}, or a YAML file; keys: --list-keys)")
     p.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID exactly from its last checkpoint")
     p.add_argument("--method", metavar="NAME", help="a bench method's settings (grpo, fastrl, cppo, ...: "
-                   "configs/methods.yaml) under the overrides given")
+                   "fastrl_core/configs/methods.yaml) under the overrides given")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
     p.set_defaults(func=_train)
 
@@ -188,15 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_store_check)
 
     for name, func, text in (("app", _app, "serve the dashboard"),
-                             ("demo", _demo, "train FastRL and GRPO interleaved (configs/demo.yaml) with the live "
-                                             "dashboard")):
+                             ("demo", _demo, "train FastRL and GRPO interleaved (the shipped config demo) with "
+                                             "the live dashboard")):
         p = commands.add_parser(name, help=text)
         p.add_argument("--store", default="runs")
         p.add_argument("--port", type=int, default=8501)
         p.add_argument("--address", default="127.0.0.1")
         if name == "demo":
             p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the demo config)")
-            p.add_argument("overrides", nargs="*", help="key=value overrides of configs/demo.yaml")
+            p.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
         p.set_defaults(func=func)
 
     p = commands.add_parser("report", help="write the Demo page as one self-contained HTML file")

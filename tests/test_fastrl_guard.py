@@ -72,8 +72,10 @@ def test_fastrl_decisions_and_weights_are_as_recorded():
     now = decisions()
     assert sorted(now) == sorted(recorded)
     for key in recorded:
-        for field in ("keep", "reasons", "weights", "scores"):
+        for field in ("keep", "reasons"):
             assert now[key][field] == recorded[key][field], (key, field)
+        for field in ("weights", "scores"):  # float32 sums round differently on AVX2 and AVX-512 CPUs (1 ulp seen)
+            assert now[key][field] == pytest.approx(recorded[key][field], rel=1e-6, abs=1e-7), (key, field)
 
 
 # ------------------------------------------------------------------ a short training run, per step

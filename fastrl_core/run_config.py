@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from fastrl_core.config import ConfigError, TrainConfig, allowed_types, coerce, describe_bounds, in_bounds, read_config
 
+
 def registry_names() -> dict[str, list[str]]:
     """Valid names of each config key that names a registry entry."""
     from fastrl_core.algo.advantages import ADVANTAGES
@@ -173,8 +174,7 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
     auto -> a bool); raises ConfigError naming the key, the bad value and the valid ones. Touches no model, dataset
     or store. `sources` maps keys to where they were set (a file name or "command line"), for the message.
     Idempotent: check_config(check_config(c)) == check_config(c)."""
-    from fastrl_core.engines.resolve import (ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs,
-                                             resolve_sketch)
+    from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
 
     sources = sources or {}
 

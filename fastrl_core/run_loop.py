@@ -1,4 +1,5 @@
 """The one training loop: `Trainer.run` is it over one trainer, `fastrl bench` and the demo run several interleaved.
+It drives any `SteppedRun` (a `fastrl_core.trainer.Trainer` is one) and imports no trainer.
 
 Per run: an evaluation at step 0 (not when resumed past it), then `train_step()`, an evaluation every `eval_every`
 steps and a checkpoint every `checkpoint_every` steps, until `steps` or `time_limit_s`; then a last evaluation
@@ -18,14 +19,32 @@ import signal
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tqdm.auto import tqdm
 
 if TYPE_CHECKING:
-    from fastrl_core.trainer import Trainer
+    from fastrl_core.config import TrainConfig
+    from fastrl_core.store.writer import RunWriter
 
-    StepCallback = Callable[[str, Trainer, dict, float | None], None]
+
+class SteppedRun(Protocol):
+    """What the loop drives: a run's config, its step counter and training seconds, its store writer, and one step,
+    one evaluation and one checkpoint at a time (`fastrl_core.trainer.Trainer`)."""
+
+    config: TrainConfig
+    step: int
+    train_seconds: float
+    writer: RunWriter
+
+    def train_step(self) -> dict: ...
+
+    def evaluate(self) -> dict: ...
+
+    def save_checkpoint(self) -> object: ...
+
+
+StepCallback = Callable[[str, SteppedRun, dict, float | None], None]
 
 
 class Stopped(KeyboardInterrupt):
@@ -49,12 +68,12 @@ def _sigterm_stops():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _ended(trainer: Trainer) -> bool:
+def _ended(trainer: SteppedRun) -> bool:
     config = trainer.config
     return trainer.step >= config.steps or bool(config.time_limit_s and trainer.train_seconds >= config.time_limit_s)
 
 
-def _finish(trainer: Trainer) -> None:
+def _finish(trainer: SteppedRun) -> None:
     config = trainer.config
     if config.eval_every and trainer.step % config.eval_every:
         trainer.evaluate()
@@ -62,7 +81,7 @@ def _finish(trainer: Trainer) -> None:
     trainer.writer.finish()
 
 
-def _mark(trainers: dict[str, Trainer], failed: str | None, error: BaseException) -> None:
+def _mark(trainers: dict[str, SteppedRun], failed: str | None, error: BaseException) -> None:
     """Mark every run still running stopped, or the one that raised (`failed`) failed, with why."""
     if isinstance(error, KeyboardInterrupt):
         why = str(error) if isinstance(error, Stopped) else "stopped by SIGINT (Ctrl-C)"
@@ -79,7 +98,7 @@ def _mark(trainers: dict[str, Trainer], failed: str | None, error: BaseException
             trainer.writer.close()
 
 
-def run_interleaved(trainers: dict[str, Trainer], *, progress: bool = False, label: str | None = None,
+def run_interleaved(trainers: dict[str, SteppedRun], *, progress: bool = False, label: str | None = None,
                     on_step: StepCallback | None = None) -> dict[str, str]:
     """Train these runs to their end, one step each in turn; returns name -> run id.
 

@@ -48,19 +48,20 @@ from fastrl_core.algo.budget_base import PromptOutcomes
 from fastrl_core.algo.budgets import budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
+from fastrl_core.algo.groups import GroupBatch, Reason
 from fastrl_core.algo.minibatches import minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
-from fastrl_core.algo.groups import GroupBatch, Reason
 from fastrl_core.algo.pruners import TOKEN_PRUNERS
 from fastrl_core.algo.sketches import make_projection, token_sketch
-from fastrl_core.run_config import check_config, check_environment
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine, Rollouts
 from fastrl_core.engines.resolve import PROJECTED_SKETCHES, resolve_sketch
 from fastrl_core.rewards import RewardParts, score_completions
-from fastrl_core.run_setup import load_datasets, make_engine, preflight  # importable from here too
+from fastrl_core.run_config import check_config, check_environment
+from fastrl_core.run_loop import run_interleaved
+from fastrl_core.run_setup import load_datasets, make_engine, preflight
 from fastrl_core.store import RunWriter, StepRecord, image_key, sampled_split, step_rows
 from fastrl_core.store import layout as store_layout
 
@@ -433,8 +434,6 @@ class Trainer:
     def run(self) -> str:
         """Train to `config.steps` (or the time limit) with evaluations and checkpoints; returns the run id. The loop
         is `run_loop.run_interleaved` over this one run: Ctrl-C / SIGTERM mark the run stopped, an error failed."""
-        from fastrl_core.run_loop import run_interleaved
-
         return run_interleaved({self.config.run_name: self}, progress=self.progress)[self.config.run_name]
 
     # ---------------------------------------------------------------- checkpoints

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastrl_core.algo.paper_pruners import ngram_ids
 from fastrl_core.algo.groups import GroupBatch, Reason, group_layout, keep_counts
+from fastrl_core.algo.paper_pruners import ngram_ids
 from fastrl_core.algo.pruners import PRUNERS, prune
 
 BASELINES = ["random", "advantage_only", "fastrl_paper"]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fastrl_core import store
 from fastrl_app.cli import main
+from fastrl_core import store
 
 REPO = Path(__file__).resolve().parent.parent
 REAL = REPO.parent / "shared" / "data" / "geo-real-sample"

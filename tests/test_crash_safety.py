@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from fastrl_core import checkpoints
 from fastrl_app.cli import main as cli_main
-from fastrl_core.run_config import load_config
+from fastrl_core import checkpoints
 from fastrl_core.data.problems import DataError, load_problems
+from fastrl_core.run_config import load_config
 from fastrl_core.run_loop import run_interleaved
 from fastrl_core.store import (RunLocked, RunWriter, check_store, compact, damaged_files, layout, read_evals,
                                read_groups, read_image, read_rollouts, read_runs, read_steps, run_state)

@@ -4,8 +4,8 @@ resolves it once, naming the choice in one line."""
 import pytest
 
 import fastrl_core.engines.resolve as resolve
-from fastrl_core.run_config import load_config
 from fastrl_core.engines.resolve import choose_engine, model_hidden_size
+from fastrl_core.run_config import load_config
 
 
 def test_the_sketch_a_pruner_reads_decides_first():

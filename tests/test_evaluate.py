@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from fastrl_core.run_config import load_config
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.hf import HFEngine
 from fastrl_core.evaluate import evaluate_with
 from fastrl_core.policy import load_policy
 from fastrl_core.rewards import score_completions
+from fastrl_core.run_config import load_config
 from fastrl_core.run_setup import load_datasets
 
 

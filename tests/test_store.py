@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fastrl_core import store
 from fastrl_core.store import layout, readers
-from fastrl_core.store.fake_runs import prompt_png, fake_step, write_fake_run
+from fastrl_core.store.fake_runs import fake_step, prompt_png, write_fake_run
 
 PNG_A, PNG_B = prompt_png(0, size=16), prompt_png(1, size=16)
 REF_A, REF_B = store.image_key(PNG_A), store.image_key(PNG_B)

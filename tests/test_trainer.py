@@ -10,11 +10,11 @@ import torch
 
 import fastrl_core.trainer as trainer_module
 from fastrl_core.config import ConfigError
-from fastrl_core.run_config import load_config
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.hf import HFEngine
-from fastrl_core.store import read_evals, read_rollouts, read_runs, read_steps
+from fastrl_core.run_config import load_config
 from fastrl_core.run_setup import load_datasets
+from fastrl_core.store import read_evals, read_rollouts, read_runs, read_steps
 from fastrl_core.trainer import PromptSampler, Trainer
 
 

@@ -35,8 +35,8 @@ import torch
 
 from fastrl_core.algo import paper_pruners
 from fastrl_core.algo.fastrl import fastrl
-from fastrl_core.algo.groups import (GroupBatch, Groups, PruneResult, Reason, group_layout, keep_counts,
-                                     padded_result, rank_descending)
+from fastrl_core.algo.groups import (GroupBatch, Groups, PruneResult, Reason, group_layout, keep_counts, padded_result,
+                                     rank_descending)
 from fastrl_core.algo.registry import Registry
 
 Pruner = Callable[..., PruneResult]

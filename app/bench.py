@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 
 from fastrl_core import metrics
-from fastrl_core.config import TrainConfig
 from fastrl_core.methods import METHODS  # name -> overrides, from fastrl_core/configs/methods.yaml
-from fastrl_core.run_config import load_config
+from fastrl_core.run_config import RunConfig, load_config
 from fastrl_core.shipped import config_names
 from fastrl_core.store.layout import SAMPLED_SUFFIX
 from fastrl_core.store.schema import PHASES
@@ -85,7 +83,7 @@ def plan(methods: list[str], seeds: list[int], seeds_for: dict[str, list[int]]) 
 
 
 def method_config(config_path: str | Path, method: str, seed: int, store: str, overrides: list[str]
-                  ) -> TrainConfig:
+                  ) -> RunConfig:
     """The method's config under `seed`; a config the loader rejects (e.g. a pruner that is not registered yet)
     raises naming the method."""
     try:
@@ -103,7 +101,7 @@ def comparable(config: dict) -> str:
     return json.dumps(values, sort_keys=True)
 
 
-def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> dict[tuple[str, int], str]:
+def finished_runs(store: Path, configs: dict[tuple[str, int], RunConfig]) -> dict[tuple[str, int], str]:
     """(method, seed) -> run id of a finished run in the store with that run name and config (the newest), and
     marks unfinished bench runs of those names "stopped" (they will be trained again from scratch)."""
     from fastrl_core.store import RunWriter, read_runs
@@ -114,7 +112,7 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> d
     found = {}
     for key, config in configs.items():
         mine = runs[(runs["name"] == config.run_name)]
-        same = mine.loc[[comparable(json.loads(c)) == comparable(asdict(config)) for c in mine["config"]]]
+        same = mine.loc[[comparable(json.loads(c)) == comparable(config.options()) for c in mine["config"]]]
         done = same[same["status"] == "finished"]
         if len(done):
             found[key] = str(done["run_id"].iloc[-1])
@@ -123,7 +121,7 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], TrainConfig]) -> d
     return found
 
 
-def train_interleaved(configs: dict[str, TrainConfig], log=print, *, progress: bool = False,
+def train_interleaved(configs: dict[str, RunConfig], log=print, *, progress: bool = False,
                       label: str | None = None) -> dict[str, str]:
     """Train one seed's methods round-robin with `run_loop.run_interleaved` (the loop of `Trainer.run`, one
     `train_step()` each in turn, the order rotated every round; `progress`/`label`: its one progress bar); returns

@@ -20,7 +20,7 @@ CONFIG = "demo"  # a shipped config (fastrl_core/configs/demo.yaml)
 
 
 def demo_configs(store: Path, overrides: list[str], seed: int = 0, config: str | Path = CONFIG) -> dict:
-    """method -> TrainConfig of each demo run (the bench's method overrides, then `overrides`)."""
+    """method -> RunConfig of each demo run (the bench's method overrides, then `overrides`)."""
     from fastrl_app.bench import method_config
 
     return {method: method_config(config, method, seed, str(store), overrides) for method in DEMO_METHODS}

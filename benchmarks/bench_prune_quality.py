@@ -55,6 +55,7 @@ from fastrl_core.data.problems import load_problems
 from fastrl_core.data.synthetic import ensure_dataset
 from fastrl_core.data.templates import answer_style
 from fastrl_core.rewards import score_completions
+from fastrl_core.run_config import resolve_config
 
 FASTRL_VARIANTS = {  # label -> fastrl options; the variants compared before issue 40 are in docs/experiments.md
     "fastrl (coreset, euclidean; default)": {},
@@ -109,8 +110,9 @@ def sample_batch(engine, policy, problems, seed: int, config: TrainConfig):
 
 def setup(work: Path, threads: int) -> tuple[TrainConfig, list]:
     """The benchmark's config (no pruner, fixed budget, nothing stored) and the synthetic training problems."""
-    config = TrainConfig(store_dir=str(work), synthetic_train=512, synthetic_test=64, threads=threads,
-                         pruner="none", budget="fixed", eval_every=0, checkpoint_every=0, log_rollouts=False)
+    config = resolve_config(TrainConfig(store_dir=str(work), synthetic_train=512, synthetic_test=64, threads=threads,
+                                        pruner="none", budget="fixed", eval_every=0, checkpoint_every=0,
+                                        log_rollouts=False))
     root = ensure_dataset(work / "data", n_train=config.synthetic_train, n_test=config.synthetic_test, seed=0)
     return config, load_problems(root / "train")
 

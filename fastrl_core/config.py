@@ -180,6 +180,12 @@ class TrainConfig:
     checkpoint_every: int = option(25, "save a resumable checkpoint every N steps (0 = only at the end)", bounds=">= 0")
     log_rollouts: bool = option(True, "store every rollout's text and sketch (the dashboard's rollout and map pages)")
 
+    def options(self) -> dict:
+        """The options as a dict (values copied), without the facts a resolved config adds (`run_config.RunConfig`):
+        what the store records of a run."""
+        names = {f.name for f in dataclasses.fields(TrainConfig)}
+        return {key: value for key, value in dataclasses.asdict(self).items() if key in names}
+
 
 def field_help() -> dict[str, str]:
     """Each key's help text, with its range when it has one."""

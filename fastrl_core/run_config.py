@@ -1,5 +1,6 @@
-"""A run's config: `load_config` reads it (`fastrl_core.config`) and checks it before any model, dataset or store is
-touched.
+"""A run's config, resolved once: `load_config` reads the options (`fastrl_core.config`), checks them and decides
+everything they leave open before any model, dataset or store is touched. The result is a `RunConfig`, which the
+trainer takes as it is and checks no more.
 
 Everything is read from the code at call time, never from a list kept here, so a pruner, budget controller,
 loss or config key added elsewhere is checked the same way:
@@ -11,8 +12,9 @@ loss or config key added elsewhere is checked the same way:
 - the argument values the way the code itself checks them: `budget_init` and a one-token `policy_loss` dry run
   (both pure and cheap), so a range rule lives in one place, next to the code that needs it;
 - each `TrainConfig` field's `bounds` (config.py) and finiteness; `device`;
-- the engine / sketch combination (`fastrl_core.engines.resolve.resolve_sketch`), and `recompute_old_logprobs`
-  auto (None) resolved per engine;
+- the engine / sketch combination (`fastrl_core.engines.resolve.resolve_sketch`): the sketch kind the run computes,
+  and `engine` and `recompute_old_logprobs` auto resolved (where the old log-probs come from: the engine's own
+  behaviour log-probs, or a recomputation by the trainer's forward);
 - `model` and `dataset` given as local paths that do not exist.
 
 `check_environment` is the machine-side part (vLLM installed, a CUDA device visible), run by the trainer.
@@ -24,10 +26,22 @@ import dataclasses
 import importlib.util
 import inspect
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from fastrl_core.config import ConfigError, TrainConfig, allowed_types, coerce, describe_bounds, in_bounds, read_config
+
+
+@dataclass
+class RunConfig(TrainConfig):
+    """A `TrainConfig` checked and resolved for one run (`load_config`, `resolve_config`): every value coerced to its
+    type, `engine` and `recompute_old_logprobs` decided (no "auto" left), and what the options imply, decided here
+    once. The trainer takes it as it is. Derive another run's with `resolve_config(dataclasses.replace(...))`.
+    `options()` leaves the resolved facts out (the store records the options)."""
+
+    sketch_kind: str | None = field(default=None, kw_only=True)  # the sketch the run computes; None: the pruner
+    # reads none (engines.resolve.resolve_sketch)
 
 
 def registry_names() -> dict[str, list[str]]:
@@ -169,11 +183,11 @@ def check_source(key: str, value: str, special: str, where: str = "") -> None:
                           "'owner/name' or an existing local path)")
 
 
-def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) -> TrainConfig:
-    """`config` checked and resolved (argument values coerced to their parameter types, `recompute_old_logprobs`
-    auto -> a bool); raises ConfigError naming the key, the bad value and the valid ones. Touches no model, dataset
-    or store. `sources` maps keys to where they were set (a file name or "command line"), for the message.
-    Idempotent: check_config(check_config(c)) == check_config(c)."""
+def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None) -> RunConfig:
+    """`config` checked and resolved into a `RunConfig` (argument values coerced to their parameter types, engine and
+    `recompute_old_logprobs` auto decided, the sketch kind); raises ConfigError naming the key, the bad value and
+    the valid ones. Touches no model, dataset or store. `sources` maps keys to where they were set (a file name or
+    "command line"), for the message. Idempotent: resolve_config(resolve_config(c)) == resolve_config(c)."""
     from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
 
     sources = sources or {}
@@ -218,7 +232,7 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
         raise ConfigError(f"{where('device', 'engine')}device={config.device!r} with engine={config.engine!r}: "
                           f"that engine needs device {' or '.join(devices)}")
     try:
-        resolve_sketch(config.engine, config.sketch, config.sketch_top_k, config.pruner)
+        sketch_kind = resolve_sketch(config.engine, config.sketch, config.sketch_top_k, config.pruner)
     except UnsupportedSketch as error:
         raise ConfigError(f"{where('sketch', 'sketch_top_k', 'engine', 'pruner')}{error}") from None
 
@@ -231,7 +245,7 @@ def check_config(config: TrainConfig, *, sources: dict[str, str] | None = None) 
         check_source(key, getattr(config, key), special, where(key))
 
     updates["recompute_old_logprobs"] = resolve_recompute_old_logprobs(config.engine, config.recompute_old_logprobs)
-    return dataclasses.replace(config, **updates)
+    return RunConfig(**{**config.options(), **updates}, sketch_kind=sketch_kind)
 
 
 def _choose_engine(config: TrainConfig) -> str:
@@ -262,9 +276,9 @@ def check_environment(config: TrainConfig) -> None:
         raise ConfigError(f"device={config.device!r}: no CUDA device is visible on this machine")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """The config `path` (a shipped config's name, e.g. "paper", or a YAML file; None: the defaults) under
-    `key=value` overrides (`fastrl_core.config.read_config`), then checked and resolved by `check_config` (every
-    name, sub-key, type and range, and the engine / sketch combination) before anything loads."""
+    `key=value` overrides (`fastrl_core.config.read_config`), checked and resolved by `resolve_config` (every
+    name, sub-key, type and range, the engine / sketch combination) before anything loads."""
     config, sources = read_config(path, overrides)
-    return check_config(config, sources=sources)
+    return resolve_config(config, sources=sources)

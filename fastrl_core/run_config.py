@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fastrl_core.config import ConfigError, TrainConfig, allowed_types, coerce, describe_bounds, in_bounds, read_config
+from fastrl_core.config import (ConfigError, TrainConfig, allowed_types, choices, coerce, describe_bounds, in_bounds,
+                                 read_config)
 
 
 @dataclass
@@ -42,23 +43,6 @@ class RunConfig(TrainConfig):
 
     sketch_kind: str | None = field(default=None, kw_only=True)  # the sketch the run computes; None: the pruner
     # reads none (engines.resolve.resolve_sketch)
-
-
-def registry_names() -> dict[str, list[str]]:
-    """Valid names of each config key that names a registry entry."""
-    from fastrl_core.algo.advantages import ADVANTAGES
-    from fastrl_core.algo.budgets import BUDGETS
-    from fastrl_core.algo.minibatches import GROUPINGS, MINIBATCH_MODES
-    from fastrl_core.algo.objectives import POLICY_LOSSES
-    from fastrl_core.algo.pruners import PRUNERS
-    from fastrl_core.algo.sketches import SKETCHES
-    from fastrl_core.data.templates import TEMPLATES
-    from fastrl_core.engines.resolve import ENGINES
-
-    return {"objective": POLICY_LOSSES.names(), "advantage": ADVANTAGES.names(), "pruner": PRUNERS.names(),
-            "budget": BUDGETS.names(), "sketch": SKETCHES.names(), "engine": [*sorted(ENGINES), "auto"],
-            "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names(),
-            "minibatch_grouping": list(GROUPINGS)}
 
 
 def _keyword_parameters(fn: Callable, exclude: set[str]) -> tuple[dict[str, inspect.Parameter], bool]:
@@ -76,16 +60,16 @@ def argument_parameters(key: str, name: str) -> tuple[dict[str, inspect.Paramete
     """The keyword parameters `<key>` (objective_args, pruner_args, budget_args) may set for registry entry
     `name`, and whether the entry takes any keyword (**kwargs)."""
     if key == "objective_args":
-        from fastrl_core.algo.objectives import POLICY_LOSSES, hyperparameters
+        from fastrl_core.algo.objectives import NOT_HYPERPARAMETERS, clipped_loss, hyperparameters
 
-        settable = set(hyperparameters(name))
-        params, var_keyword = _keyword_parameters(POLICY_LOSSES.get(name), set())
+        settable = set(hyperparameters(name))  # raises naming the losses for an unknown name
+        params, var_keyword = _keyword_parameters(clipped_loss, NOT_HYPERPARAMETERS)
         return {k: p for k, p in params.items() if k in settable}, var_keyword
     if key == "pruner_args":
         from fastrl_core.algo.pruners import PRUNERS, prune
 
         passed = {p.name for p in inspect.signature(prune).parameters.values() if p.kind is p.KEYWORD_ONLY}
-        return _keyword_parameters(PRUNERS.get(name), passed)  # prune() passes keep_ratio, min_keep, generator
+        return _keyword_parameters(PRUNERS.get(name).prune, passed)  # prune() passes keep_ratio, min_keep, generator
     if key == "budget_args":
         from fastrl_core.algo.budgets import BUDGETS
 
@@ -208,7 +192,7 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
                               f"{describe_bounds(bounds)}")
     config = dataclasses.replace(config, **coerced)  # a TrainConfig built in code may hold an int for a float
 
-    for key, valid in registry_names().items():
+    for key, valid in choices().items():
         value = getattr(config, key)
         if value not in valid:
             raise ConfigError(f"{where(key)}{key}={value!r} is unknown; valid: {', '.join(valid)}")

@@ -51,7 +51,7 @@ from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
 from fastrl_core.algo.groups import GroupBatch, Reason
 from fastrl_core.algo.minibatches import minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
-from fastrl_core.algo.pruners import TOKEN_PRUNERS
+from fastrl_core.algo.pruners import PRUNERS
 from fastrl_core.algo.sketches import make_projection, token_sketch
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import Problem
@@ -253,7 +253,7 @@ class Trainer:
                 sketches = token_sketch(rollouts.completion_ids, rollouts.completion_mask, dim=config.sketch_dim,
                                         seed=config.seed)
             token_ids = None
-            if config.pruner in TOKEN_PRUNERS:
+            if PRUNERS.get(config.pruner).reads_tokens:
                 token_ids = tuple(ids[mask] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask))
 
         # 6. prune (merge_duplicates: identical completions of a prompt are pruned, scored and updated as one row

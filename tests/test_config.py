@@ -6,16 +6,18 @@ import dataclasses
 import inspect
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from fastrl_core.algo.pruners import PRUNERS, SKETCH_PRUNERS
-from fastrl_core.config import ConfigError, TrainConfig, describe_bounds, in_bounds
+from fastrl_core.algo.pruners import PRUNERS, PrunerEntry
+from fastrl_core.config import ConfigError, TrainConfig, choices, describe_bounds, field_help, in_bounds
 from fastrl_core.data.problems import DataError
 from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
 from fastrl_core.run_config import (ARGUMENT_KEYS, RunConfig, argument_parameters, check_environment, load_config,
-                                    registry_names, resolve_config)
+                                    resolve_config)
 from fastrl_core.shipped import CONFIGS_DIR, config_names
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,17 +84,29 @@ def test_missing_or_broken_config_files(tmp_path):
 
 # ---- registry names -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("key", sorted(registry_names()))
+@pytest.mark.parametrize("key", sorted(choices()))
 def test_every_registry_name_is_checked_at_load_naming_the_valid_ones(key):
-    valid = registry_names()[key]
+    valid = choices()[key]
     assert valid and getattr(TrainConfig(), key) in valid
     with pytest.raises(ConfigError) as error:
         load_config(None, [f"{key}=bogus"])
     assert f"{key}='bogus' is unknown; valid: {', '.join(valid)}" in str(error.value)
 
 
+def test_the_help_of_every_registry_key_lists_exactly_its_registry():
+    """Help and "valid:" lists come from the registries, so they cannot drift (the pruner help named 6 of 9 pruners,
+    the budget help missed greso and rollout_sa_paper, the template help missed short)."""
+    helps, names = field_help(), choices()
+    for key, valid in names.items():
+        assert helps[key].count("one of: ") == 1 and helps[key].split("one of: ")[1].split(";")[0] == ", ".join(valid)
+    assert {"greso", "rollout_sa_paper"} <= set(names["budget"]) and "random" in names["pruner"]
+    listed = subprocess.run([sys.executable, "-m", "fastrl_app.cli", "train", "--list-keys"], capture_output=True,
+                            text=True, check=True).stdout
+    assert f"one of: {', '.join(names['pruner'])}" in listed  # `fastrl train --list-keys` prints these helps
+
+
 @pytest.mark.parametrize("key, name", [(key, name) for key, (name_key, _) in ARGUMENT_KEYS.items()
-                                       for name in registry_names()[name_key]])
+                                       for name in choices()[name_key]])
 def test_every_args_key_is_checked_against_the_entrys_signature(key, name):
     name_key = ARGUMENT_KEYS[key][0]
     params, _ = argument_parameters(key, name)
@@ -149,9 +163,10 @@ def test_budget_values_are_checked_with_rollouts_per_prompt():
 
 
 def test_a_newly_registered_pruner_is_checked_without_editing_the_check():
-    @PRUNERS.register("test_only_pruner")
     def test_only_pruner(batch, groups, *, keep_ratio, min_keep, generator, width: int = 3):
         raise AssertionError("never run by the check")
+
+    PRUNERS.register("test_only_pruner")(PrunerEntry(test_only_pruner))
 
     try:
         assert load_config(None, ["pruner=test_only_pruner", "pruner_args.width=5"]).pruner_args == {"width": 5}
@@ -278,10 +293,9 @@ def test_resolve_sketch_rejects_what_the_engine_cannot_do(engine, sketch, top_k,
 
 def test_every_engine_can_serve_every_sketch_pruner():
     for engine, spec in ENGINES.items():
-        assert spec.sketches <= set(registry_names()["sketch"])
-        for pruner in SKETCH_PRUNERS:
+        assert spec.sketches <= set(choices()["sketch"])
+        for pruner in PRUNERS.names(lambda entry: entry.reads_sketches):
             assert resolve_sketch(engine, sorted(spec.sketches)[0], 20, pruner) in spec.sketches
-    assert SKETCH_PRUNERS <= set(PRUNERS.names())
 
 
 def test_vllm_runs_on_cpu_and_cuda_only():

@@ -427,6 +427,24 @@ def test_bad_input_names_the_problem():
 
 def test_registry_lists_every_pruner():
     assert PRUNERS.names() == sorted(NAMES + ["advantage_only", "fastrl_paper", "random"])  # test_baseline_pruners
+    assert PRUNERS.names(lambda entry: entry.reads_sketches) == ["fastrl"]
+    assert PRUNERS.names(lambda entry: entry.reads_tokens) == ["fastrl_official", "fastrl_paper"]
+    assert PRUNERS.names(lambda entry: entry.cost_rule) == ["fastrl"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(), name=st.sampled_from(sorted(PRUNERS.names())), seed=st.integers(0, 1000))
+def test_each_pruner_reads_only_what_its_entry_says(batch, name, seed):
+    """A pruner whose entry does not read sketches (token ids) decides the same without them: the trainer computes a
+    sketch, and passes token ids, only where the entry asks."""
+    entry = PRUNERS.get(name)
+    stripped = GroupBatch(batch.group_ids, batch.rewards, batch.advantages,
+                          batch.sketches if entry.reads_sketches else None,
+                          batch.token_ids if entry.reads_tokens else None)
+    full = prune(name, batch, generator=torch.Generator().manual_seed(seed))
+    alone = prune(name, stripped, generator=torch.Generator().manual_seed(seed))
+    for field in ("keep_mask", "scores", "reasons", "weights"):
+        assert torch.equal(getattr(full, field), getattr(alone, field)), (name, field)
 
 
 def test_check_cost_rule_takes_none_or_a_number_at_least_0_for_a_cost_pruner():

@@ -8,7 +8,8 @@ optionally a reference model (`ref_logprobs`), all (B, T); one advantage per rol
 
 All losses are the PPO clipped surrogate (Schulman et al. 2017, eq. 7) on some importance ratio r,
     l = -min(r·A, clip(r, 1 - epsilon, 1 + epsilon_high)·A)  (+ beta·k3 KL to the reference per token),
-reduced by one of the `AGGREGATIONS`. What differs is the ratio and the defaults:
+reduced by one of the `AGGREGATIONS`. What differs is the ratio and the defaults, so they are one function
+(`clipped_loss`, its ratio one of `LOG_RATIOS`) and this table (`POLICY_LOSSES`, one `PolicyLoss` entry each):
 
 | loss        | ratio                                   | epsilon / epsilon_high | aggregation              |
 |-------------|-----------------------------------------|------------------------|--------------------------|
@@ -182,22 +183,25 @@ def _masked_mean(values: Tensor, mask: Tensor, counts: Tensor | None = None) -> 
     return float((weight * torch.where(mask, values, torch.zeros_like(values))).sum() / weight.sum().clamp(min=1e-30))
 
 
-def _clipped_policy_loss(
-    log_ratio: Tensor,
+def clipped_loss(
     logprobs: Tensor,
+    old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    ref_logprobs: Tensor | None,
-    rollout_weights: Tensor | None,
-    rollout_counts: Tensor | None,
     *,
+    ratio_kind: str,
+    ref_logprobs: Tensor | None = None,
+    rollout_weights: Tensor | None = None,
+    rollout_counts: Tensor | None = None,
     epsilon: float,
     epsilon_high: float | None,
-    beta: float,
+    beta: float = 0.0,
     aggregation: str,
-    max_length: int | None,
+    max_length: int | None = None,
 ) -> LossOutput:
-    """Clipped surrogate on exp(log_ratio) ((B, T) token-level or (B, 1) sequence-level) + beta·k3, aggregated."""
+    """Every policy loss: the clipped surrogate on the importance ratio `ratio_kind` (a `LOG_RATIOS` name: (B, T)
+    token-level or (B, 1) sequence-level) + beta·k3 to the reference, reduced by `aggregation`. epsilon_high None
+    means epsilon. Tensors as `policy_loss` passes them (old and reference log-probs detached, mask bool)."""
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     if not 0 <= epsilon < 1 or epsilon_high < 0:
         raise ValueError(f"need 0 <= epsilon < 1 and epsilon_high >= 0, got {epsilon}, {epsilon_high}")
@@ -205,7 +209,7 @@ def _clipped_policy_loss(
         raise ValueError(f"beta must be >= 0, got {beta}")
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} > 0 adds a KL term to the reference model: pass ref_logprobs (B, T)")
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(LOG_RATIOS[ratio_kind](logprobs, old_logprobs, mask))
     per_token, low_clipped, high_clipped = clipped_surrogate(ratio, advantages.unsqueeze(-1), epsilon, epsilon_high)
     per_token = per_token.expand_as(logprobs)  # (B, T)
     kl = None
@@ -241,85 +245,59 @@ def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) ->
     return token.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
 
 
+def _sequence_token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """GSPO-token: log of sg[s_i]·π_t/sg[π_t], whose value is log s_i and whose gradient flows through each token;
+    0 on padding  (B, T)."""
+    log_ratio = _sequence_log_ratio(logprobs, old_logprobs, mask).detach() + logprobs - logprobs.detach()
+    return torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
+
+
+# The importance ratio a loss clips, by name: (logprobs, old_logprobs, mask) -> log r, (B, T) or (B, 1).
+LOG_RATIOS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "token": _token_log_ratio, "sequence": _sequence_log_ratio, "sequence_token": _sequence_token_log_ratio}
+
+
 # --- The losses ----------------------------------------------------------------------------------------
 
-PolicyLoss = Callable[..., LossOutput]
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A policy loss: `clipped_loss` with its ratio and defaults (the module docstring's table)."""
+
+    ratio_kind: str  # a LOG_RATIOS name
+    epsilon: float
+    epsilon_high: float | None  # None: epsilon
+    aggregation: str  # an AGGREGATIONS name
+    source: str  # where it is defined
+
+
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+for _name, _loss in {
+    "grpo": PolicyLoss("token", 0.2, None, "seq_mean_token_mean", "GRPO (Shao et al. 2024, DeepSeekMath eq. 3): "
+                       "KL-as-loss beta·k3, mean over each sequence's tokens then over the batch"),
+    "dapo": PolicyLoss("token", 0.2, 0.28, "token_mean", "DAPO (Yu et al. 2025, eq. 8; clip-higher eq. 10): token-mean "
+                       "over the batch, no KL; its overlong shaping is `overlong_reward_penalty`, dynamic sampling a "
+                       "pruner"),
+    "dr_grpo": PolicyLoss("token", 0.2, None, "seq_mean_token_sum_norm", "Dr.GRPO (Liu et al. 2025, §3.1, eq. 3 "
+                          "with a constant normaliser): token sums / (B · max_length); max_length should be the "
+                          "generation limit (None: T of this batch); pair with `mean_only` advantages"),
+    "gspo": PolicyLoss("sequence", 3e-4, 4e-4, "seq_mean_token_mean", "GSPO (Zheng et al. 2025, eq. 5-7): "
+                       "sequence ratio clipped per sequence to the §5.1 ranges, one term per rollout, no KL"),
+    "gspo_token": PolicyLoss("sequence_token", 3e-4, 4e-4, "seq_mean_token_mean", "GSPO-token (Zheng et al. 2025, "
+                             "eq. 13-14): with one advantage per rollout its value, clipping and gradient equal "
+                             "gspo's (§4.3); it exists for per-token advantages"),
+}.items():
+    POLICY_LOSSES.register(_name)(_loss)
 
 
-@POLICY_LOSSES.register("grpo")
-def grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-         rollout_counts=None, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
-         aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
-    """GRPO (Shao et al. 2024, DeepSeekMath eq. 3): token ratio, clip epsilon (epsilon_high None = epsilon),
-    KL-as-loss beta·k3, mean over each sequence's tokens then over the batch."""
-    return _clipped_policy_loss(
-        _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
-        max_length=max_length)
-
-
-@POLICY_LOSSES.register("dapo")
-def dapo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-         rollout_counts=None, epsilon: float = 0.2, epsilon_high: float | None = 0.28, beta: float = 0.0,
-         aggregation: str = "token_mean", max_length: int | None = None) -> LossOutput:
-    """DAPO (Yu et al. 2025, eq. 8): clip-higher 0.2 / 0.28 (eq. 10), token-mean over the batch, no KL.
-    Its overlong shaping is `overlong_reward_penalty` (a reward term); dynamic sampling is a pruner."""
-    return _clipped_policy_loss(
-        _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
-        max_length=max_length)
-
-
-@POLICY_LOSSES.register("dr_grpo")
-def dr_grpo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-            rollout_counts=None, epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
-            aggregation: str = "seq_mean_token_sum_norm", max_length: int | None = None) -> LossOutput:
-    """Dr.GRPO (Liu et al. 2025, §3.1 / eq. 3 with constant normaliser): token sums / (B · max_length).
-    max_length should be the generation limit (TRL's max_completion_length); None uses T of this batch,
-    which is only constant if batches are padded to a fixed length. Pair with `mean_only` advantages."""
-    return _clipped_policy_loss(
-        _token_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs, rollout_weights,
-        rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation,
-        max_length=max_length)
-
-
-@POLICY_LOSSES.register("gspo")
-def gspo(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-         rollout_counts=None, epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
-         aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
-    """GSPO (Zheng et al. 2025, eq. 5-7): sequence ratio s_i = exp(mean_t log π/π_old), clipped per sequence
-    to [1 - 3e-4, 1 + 4e-4] (the paper's §5.1 ranges), one term per rollout averaged over the batch, no KL."""
-    return _clipped_policy_loss(
-        _sequence_log_ratio(logprobs, old_logprobs, mask), logprobs, advantages, mask, ref_logprobs,
-        rollout_weights, rollout_counts, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta,
-        aggregation=aggregation, max_length=max_length)
-
-
-@POLICY_LOSSES.register("gspo_token")
-def gspo_token(logprobs, old_logprobs, advantages, mask, *, ref_logprobs=None, rollout_weights=None,
-               rollout_counts=None, epsilon: float = 3e-4, epsilon_high: float | None = 4e-4, beta: float = 0.0,
-               aggregation: str = "seq_mean_token_mean", max_length: int | None = None) -> LossOutput:
-    """GSPO-token (Zheng et al. 2025, eq. 13-14): per-token ratio s_i,t = sg[s_i]·π_t/sg[π_t], whose value is
-    s_i and whose gradient flows through each token. With one advantage per rollout, value, clipping and
-    gradient equal `gspo`'s (paper §4.3); it exists for per-token advantages."""
-    log_ratio = _sequence_log_ratio(logprobs, old_logprobs, mask).detach() + logprobs - logprobs.detach()
-    log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))  # (B, T)
-    return _clipped_policy_loss(
-        log_ratio, logprobs, advantages, mask, ref_logprobs, rollout_weights, rollout_counts,
-        epsilon=epsilon, epsilon_high=epsilon_high, beta=beta, aggregation=aggregation, max_length=max_length)
-
-
-_TENSOR_ARGS = {"ref_logprobs", "rollout_weights", "rollout_counts"}
+NOT_HYPERPARAMETERS = {"ratio_kind", "ref_logprobs", "rollout_weights", "rollout_counts"}  # clipped_loss's other keywords
 
 
 def hyperparameters(name: str) -> dict[str, object]:
-    """The hyperparameters of loss `name` with their defaults."""
-    signature = inspect.signature(POLICY_LOSSES.get(name))
-    return {
-        p.name: p.default for p in signature.parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _TENSOR_ARGS
-    }
+    """The hyperparameters of loss `name` with their defaults: its table entry's, else `clipped_loss`'s."""
+    loss = POLICY_LOSSES.get(name)
+    return {p.name: getattr(loss, p.name, p.default) for p in inspect.signature(clipped_loss).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in NOT_HYPERPARAMETERS}
 
 
 def _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights,
@@ -369,19 +347,19 @@ def policy_loss(
     rows. hyperparams: that loss's keyword arguments (`hyperparameters(name)` lists them with defaults); an
     unknown one raises TypeError naming the valid ones.
     """
-    loss_fn = POLICY_LOSSES.get(name)
     valid = hyperparameters(name)
     unknown = sorted(set(hyperparams) - set(valid))
     if unknown:
         raise TypeError(f"policy loss {name!r} got unknown hyperparameter(s) {unknown}; valid: {sorted(valid)}")
     mask = _check_shapes(logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_weights,
                          rollout_counts)
-    out = loss_fn(
+    out = clipped_loss(
         logprobs, old_logprobs.detach(), advantages.detach().to(logprobs.dtype), mask,
+        ratio_kind=POLICY_LOSSES.get(name).ratio_kind,
         ref_logprobs=None if ref_logprobs is None else ref_logprobs.detach(),
         rollout_weights=None if rollout_weights is None else rollout_weights.detach(),
         rollout_counts=None if rollout_counts is None else rollout_counts.detach(),
-        **hyperparams,
+        **{**valid, **hyperparams},
     )
     if absent_mask is None or absent_mask.shape[0] == 0:
         if absent_counts is not None and absent_counts.numel():

@@ -17,7 +17,9 @@ Keep count (cppo, pods, fastrl): a group of n candidates keeps m = min(n, max(mi
 |                 | weighted by the |A| mass each kept row stands for     |                         |                   |
 
 `fastrl` is in `algo.fastrl`; the paper's and the authors' rules (fastrl_official, fastrl_paper, random,
-advantage_only) in `algo.paper_pruners`. Every pruner is registered once, at the end of this module.
+advantage_only) in `algo.paper_pruners`. Every pruner is registered once, at the end of this module, as a
+`PrunerEntry` saying what it reads beyond rewards and advantages (sketches, token ids) and whether it has a cost
+rule: the trainer, the config check and the engine resolver ask the entry.
 n' = the group's nonzero-advantage rollouts. A group is emptied only by dapo_filter (all rewards equal) and by
 fastrl (all advantages zero). Weights are 1 for kept rollouts except with fastrl, 0 for pruned ones.
 
@@ -29,6 +31,7 @@ see distinct completions, and the copies are reported as DUPLICATE.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -39,12 +42,20 @@ from fastrl_core.algo.groups import (GroupBatch, Groups, PruneResult, Reason, gr
                                      rank_descending)
 from fastrl_core.algo.registry import Registry
 
-Pruner = Callable[..., PruneResult]
-PRUNERS: Registry[Pruner] = Registry("pruner")  # filled at the end of this module
-# pruners that read GroupBatch.sketches (the trainer computes sketches only for these): a new one adds its name
-SKETCH_PRUNERS: set[str] = {"fastrl"}
-TOKEN_PRUNERS: set[str] = {"fastrl_official", "fastrl_paper"}  # read GroupBatch.token_ids
-COST_PRUNERS: set[str] = {"fastrl"}  # take `row_cost`, the keep count from pass costs (algo.costs)
+Pruner = Callable[..., PruneResult]  # (batch, groups, *, keep_ratio, min_keep, generator, **its own options)
+
+
+@dataclass(frozen=True)
+class PrunerEntry:
+    """A registered pruner and what it needs beyond rewards and advantages."""
+
+    prune: Pruner
+    reads_sketches: bool = False  # GroupBatch.sketches: the trainer computes a sketch only for these
+    reads_tokens: bool = False  # GroupBatch.token_ids, the completions' token ids
+    cost_rule: bool = False  # takes `row_cost`, the keep count from pass costs (algo.costs)
+
+
+PRUNERS: Registry[PrunerEntry] = Registry("pruner")  # filled at the end of this module
 
 
 
@@ -60,7 +71,7 @@ class CostRuleError(ValueError):
 
 def check_cost_rule(pruner: str, row_cost: float | str | None, *, measured: bool = False) -> float | str | None:
     """`row_cost` (ρ, algo.costs) for `pruner`, the one check of it: None, or a number >= 0 (int or float, not
-    a bool, not NaN) for a pruner in COST_PRUNERS, returned as a float. `measured`: 'measured' (ρ fitted by the
+    a bool, not NaN) for a pruner with a cost rule (`PrunerEntry.cost_rule`), returned as a float. `measured`: 'measured' (ρ fitted by the
     trainer) is accepted too and returned as is. Raises CostRuleError (a ValueError) naming the value."""
     if row_cost is None:
         return None
@@ -69,8 +80,9 @@ def check_cost_rule(pruner: str, row_cost: float | str | None, *, measured: bool
                             or not row_cost >= 0):  # NaN too
         valid = "'measured' or a number >= 0" if measured else "a number >= 0"
         raise CostRuleError(f"row_cost={row_cost!r}: give {valid}", ("row_cost",))
-    if pruner not in COST_PRUNERS:
-        raise CostRuleError(f"row_cost={row_cost!r} with pruner={pruner!r}: only {sorted(COST_PRUNERS)} choose "
+    if pruner not in PRUNERS or not PRUNERS.get(pruner).cost_rule:
+        with_rule = PRUNERS.names(lambda entry: entry.cost_rule)
+        raise CostRuleError(f"row_cost={row_cost!r} with pruner={pruner!r}: only {with_rule} choose "
                             "their keep count from pass costs (have a cost rule)", ("row_cost", "pruner"))
     return row_cost if is_measured else float(row_cost)
 
@@ -139,12 +151,19 @@ def pods(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
 
 
 
-# ---- the one registration of every pruner: name -> function(batch, groups, *, keep_ratio, min_keep, generator, ...)
-for _name, _pruner in {"none": keep_all, "dapo_filter": dapo_filter, "cppo": cppo, "pods": pods, "fastrl": fastrl,
-                       "fastrl_official": paper_pruners.fastrl_official, "fastrl_paper": paper_pruners.fastrl_paper,
-                       "random": paper_pruners.random_pruning, "advantage_only": paper_pruners.advantage_only,
-                       }.items():
-    PRUNERS.register(_name)(_pruner)
+# ---- the one registration of every pruner: name -> the function and what it reads
+for _name, _entry in {
+    "none": PrunerEntry(keep_all),
+    "dapo_filter": PrunerEntry(dapo_filter),
+    "cppo": PrunerEntry(cppo),
+    "pods": PrunerEntry(pods),
+    "fastrl": PrunerEntry(fastrl, reads_sketches=True, cost_rule=True),
+    "fastrl_official": PrunerEntry(paper_pruners.fastrl_official, reads_tokens=True),
+    "fastrl_paper": PrunerEntry(paper_pruners.fastrl_paper, reads_tokens=True),
+    "random": PrunerEntry(paper_pruners.random_pruning),
+    "advantage_only": PrunerEntry(paper_pruners.advantage_only),
+}.items():
+    PRUNERS.register(_name)(_entry)
 
 
 def _check_batch(batch: GroupBatch) -> int:
@@ -188,10 +207,10 @@ def _check_batch(batch: GroupBatch) -> int:
 def prune(name: str, batch: GroupBatch, *, keep_ratio: float = 0.5, min_keep: int = 2,
           generator: torch.Generator | None = None, row_cost: float | None = None, **options) -> PruneResult:
     """Run pruner `name` (see `PRUNERS`) on `batch`; `options` are that pruner's own keyword arguments.
-    `row_cost` (ρ >= 0, `algo.costs`; `check_cost_rule`) is passed on only when given, and only pruners in
-    COST_PRUNERS take it.
+    `row_cost` (ρ >= 0, `algo.costs`; `check_cost_rule`) is passed on only when given, and only pruners with a
+    cost rule take it.
     Decisions are computed and returned on the CPU (a CPU mask can index tensors on any device)."""
-    pruner = PRUNERS.get(name)
+    pruner = PRUNERS.get(name).prune
     if not 0 < keep_ratio <= 1:
         raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio}")
     if min_keep < 1:

@@ -1,4 +1,5 @@
-"""A name -> callable registry, so adding a loss, pruner or controller is one decorated function."""
+"""A name -> entry registry, so adding a loss, pruner or controller is one registration: the entry carries what
+the rest of the code needs to know of it (a pruner's capabilities, a loss's defaults), never a list kept elsewhere."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ class Registry(Generic[T]):
         except KeyError:
             raise KeyError(f"unknown {self.kind} {name!r}; choose one of {sorted(self._entries)}") from None
 
-    def names(self) -> list[str]:
-        return sorted(self._entries)
+    def names(self, where: Callable[[T], bool] | None = None) -> list[str]:
+        """The registered names, sorted; `where`: only those whose entry it holds for (a capability)."""
+        return sorted(name for name, entry in self._entries.items() if where is None or where(entry))
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

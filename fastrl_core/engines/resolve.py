@@ -11,8 +11,9 @@ Pure: imports neither transformers nor vLLM, so the config check (`fastrl_core.r
 
 `lm_head` needs the last hidden states, which vLLM does not return; `logprob` needs top-K log-probs, which the HF
 engine does not collect (it has the logits and hidden states, i.e. the richer `lm_head` sketch). `tokens` is
-model-free (hashed completion token sets) and works with either. The pruners that read a sketch at all are
-`fastrl_core.algo.pruners.SKETCH_PRUNERS`; for every other pruner no sketch is computed.
+model-free (hashed completion token sets) and works with either. Whether a pruner reads a sketch at all is its
+registry entry's (`fastrl_core.algo.pruners.PRUNERS`, `reads_sketches`); for every other pruner no sketch is
+computed.
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ def resolve_sketch(engine: str, sketch: str, sketch_top_k: int, pruner: str) -> 
     (no hidden states), logprob on HF (use lm_head, which it contains), sketch_top_k = 0 (whole vocabulary) on
     vLLM, which returns at most top-K log-probs per token.
     """
-    from fastrl_core.algo.pruners import SKETCH_PRUNERS
+    from fastrl_core.algo.pruners import PRUNERS
 
     spec = engine_spec(engine)
-    if pruner not in SKETCH_PRUNERS:
+    if not PRUNERS.get(pruner).reads_sketches:
         return None
     if sketch not in spec.sketches:
         hint = {("vllm", "lm_head"): "vLLM returns no hidden states",
@@ -94,9 +95,9 @@ def choose_engine(device_type: str, sketch: str, pruner: str, *, vllm_importable
     3. on CPU: vllm when the model's text hidden size is at least `CPU_VLLM_MIN_HIDDEN` and its vocabulary at most
        `CPU_VLLM_MAX_VOCAB` (both from the engine bench), else hf (an unknown width counts as small, an unknown
        vocabulary as large)."""
-    from fastrl_core.algo.pruners import SKETCH_PRUNERS
+    from fastrl_core.algo.pruners import PRUNERS
 
-    reads_sketch = pruner in SKETCH_PRUNERS
+    reads_sketch = PRUNERS.get(pruner).reads_sketches
     if reads_sketch and sketch not in ENGINES["hf"].sketches:
         return "vllm", f"pruner {pruner!r} reads sketch={sketch!r}, which only vLLM gives"
     if reads_sketch and sketch not in ENGINES["vllm"].sketches:

@@ -1,4 +1,4 @@
-"""End to end: a real training run in the background, the app served by `app.launch.serve`, headless Chromium.
+"""End to end: a real training run in the background, the app served by `fastrl_app.launch.serve`, headless Chromium.
 
 Checks that a new step appears on the Budget page without a reload, that a box selection on the Embeddings map
 shows the selected rollouts (a paged table with their images), and that a Rollouts deep link opens its group; saves screenshots

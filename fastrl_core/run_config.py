@@ -39,10 +39,11 @@ class RunConfig(TrainConfig):
     """A `TrainConfig` checked and resolved for one run (`load_config`, `resolve_config`): every value coerced to its
     type, `engine` and `recompute_old_logprobs` decided (no "auto" left), and what the options imply, decided here
     once. The trainer takes it as it is. Derive another run's with `resolve_config(dataclasses.replace(...))`.
-    `options()` leaves the resolved facts out (the store records the options)."""
+    `options()` leaves the resolved facts out (the store records the options).
 
-    sketch_kind: str | None = field(default=None, kw_only=True)  # the sketch the run computes; None: the pruner
-    # reads none (engines.resolve.resolve_sketch)
+    sketch_kind: the sketch the run computes (`engines.resolve.resolve_sketch`); None when the pruner reads none."""
+
+    sketch_kind: str | None = field(default=None, kw_only=True)
 
 
 def _keyword_parameters(fn: Callable, exclude: set[str]) -> tuple[dict[str, inspect.Parameter], bool]:

@@ -18,18 +18,23 @@ from fastrl_core.engines.vllm import INSTALL_HINT, VLLMEngine, rollouts_from_out
 
 
 @dataclass
-class Logprob:  # vllm.logprobs.Logprob
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
+class FlatLogprobs:  # vllm.logprobs.FlatLogprobs: per position, entries start_indices[t]:end_indices[t]
+    start_indices: list[int] = field(default_factory=list)
+    end_indices: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.start_indices)
 
 
 @dataclass
 class CompletionOutput:  # vllm.outputs.CompletionOutput
     index: int
-    text: str
     token_ids: list[int]
-    logprobs: list[dict[int, Logprob]] | None
+    logprobs: FlatLogprobs | None
+    text: str = ""  # SamplingParams(detokenize=False) leaves it empty
     cumulative_logprob: float | None = None
     finish_reason: str | None = "stop"
 
@@ -43,32 +48,49 @@ class RequestOutput:  # vllm.outputs.RequestOutput
     finished: bool = True
 
 
-def _lp(**values: float) -> dict[int, Logprob]:
-    """{token id: Logprob} from keyword pairs t<id>=logprob."""
-    ranked = sorted(values.items(), key=lambda kv: -kv[1])
-    return {int(name[1:]): Logprob(value, rank) for rank, (name, value) in enumerate(ranked, start=1)}
+def _flat(top_k: int, *positions: tuple[int, dict[int, float]]) -> FlatLogprobs:
+    """vLLM's layout for (sampled token, {token id: log-prob}) positions: the sampled token first, then the top_k
+    ids by log-prob (so the sampled token is listed twice when it is among them)."""
+    flat = FlatLogprobs()
+    for sampled, values in positions:
+        ranked = sorted(values, key=lambda token: -values[token])[:top_k]
+        flat.start_indices.append(len(flat.token_ids))
+        flat.token_ids += [sampled, *ranked]
+        flat.logprobs += [values[sampled], *(values[token] for token in ranked)]
+        flat.ranks += [ranked.index(sampled) + 1 if sampled in ranked else top_k + 1, *range(1, len(ranked) + 1)]
+        flat.end_indices.append(len(flat.token_ids))
+    return flat
+
+
+def _decode(ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """A stand-in tokenizer: each token id as a letter."""
+    return ["".join(chr(ord("a") + int(token)) for token in row[keep]) for row, keep in zip(ids, mask)]
+
+
+def _convert(outputs, prompts, **kwargs):
+    return rollouts_from_outputs(outputs, prompts, decode=_decode, **kwargs)
 
 
 def test_conversion_by_hand():
     outputs = [
         RequestOutput([  # completions listed out of order: rows follow CompletionOutput.index
-            CompletionOutput(1, "b", [4], [_lp(t4=-0.5, t1=-1.0)]),
-            CompletionOutput(0, "a", [3, 1, 0], [_lp(t3=-0.1), _lp(t1=-0.2, t2=-2.0), _lp(t0=-0.3)]),
+            CompletionOutput(1, [4], _flat(0, (4, {4: -0.5}))),
+            CompletionOutput(0, [3, 1, 0], _flat(0, (3, {3: -0.1}), (1, {1: -0.2}), (0, {0: -0.3}))),
         ]),
-        RequestOutput([CompletionOutput(0, "c", [2, 5], [_lp(t2=-0.7), _lp(t5=-0.05)])]),
+        RequestOutput([CompletionOutput(0, [2, 5], _flat(0, (2, {2: -0.7}), (5, {5: -0.05})))]),
     ]
-    rollouts = rollouts_from_outputs(outputs, [0, 2], pad_token_id=9)
+    rollouts = _convert(outputs, [0, 2], pad_token_id=9)
     assert rollouts.prompt_index.tolist() == [0, 0, 2]
     assert rollouts.completion_ids.tolist() == [[3, 1, 0], [4, 9, 9], [2, 5, 9]]
     assert rollouts.completion_mask.tolist() == [[True] * 3, [True, False, False], [True, True, False]]
     torch.testing.assert_close(rollouts.behaviour_logprobs,
                                torch.tensor([[-0.1, -0.2, -0.3], [-0.5, 0.0, 0.0], [-0.7, -0.05, 0.0]]))
-    assert rollouts.completion_text == ["a", "b", "c"]
+    assert rollouts.completion_text == ["dba", "e", "cf"]  # decoded from the masked ids, once for the batch
     assert rollouts.sketches is None and len(rollouts) == 3
 
 
 def test_no_requests_give_empty_rollouts():
-    rollouts = rollouts_from_outputs([], [], pad_token_id=0, top_k=4, projection=make_projection(8, 4, sketch_dim=4))
+    rollouts = _convert([], [], pad_token_id=0, top_k=4, projection=make_projection(8, 4, sketch_dim=4))
     assert len(rollouts) == 0 and rollouts.completion_ids.shape == (0, 0) and rollouts.sketches.shape == (0, 4)
 
 
@@ -80,10 +102,11 @@ def test_sketch_with_the_full_distribution_is_the_projected_bias_gradient():
     generator = torch.Generator().manual_seed(0)
     logprobs = torch.log_softmax(torch.randn(2, 3, vocab, generator=generator), dim=-1)  # (rows, T, V)
     tokens = [[1, 4, 0], [5, 2]]
-    completions = [CompletionOutput(0, "", row, [{v: Logprob(float(logprobs[i, t, v])) for v in range(vocab)}
-                                                 for t in range(len(row))]) for i, row in enumerate(tokens)]
-    rollouts = rollouts_from_outputs([RequestOutput([c]) for c in completions], [0, 1], pad_token_id=3,
-                                     top_k=vocab, projection=projection)
+    completions = [CompletionOutput(0, row, _flat(vocab, *((token, dict(enumerate(logprobs[i, t].tolist())))
+                                                            for t, token in enumerate(row))))
+                   for i, row in enumerate(tokens)]
+    rollouts = _convert([RequestOutput([c]) for c in completions], [0, 1], pad_token_id=3, top_k=vocab,
+                        projection=projection)
     for i, row in enumerate(tokens):
         bias_gradient = torch.zeros(vocab)
         for t, token in enumerate(row):
@@ -96,22 +119,32 @@ def test_sketch_with_the_full_distribution_is_the_projected_bias_gradient():
 
 def test_sampled_token_outside_the_top_k_joins_the_sketch_set():
     projection = make_projection(8, 4, sketch_dim=4, seed=1)
-    position = _lp(t0=-0.1, t1=-0.5, t7=-3.0)  # top-1 is token 0; token 7 was sampled
-    output = RequestOutput([CompletionOutput(0, "x", [7], [position])])
-    rollouts = rollouts_from_outputs([output], [0], pad_token_id=2, top_k=1, projection=projection)
-    expected = logprob_sketch(torch.tensor([[[0, 7]]]), torch.tensor([[[-0.1, -3.0]]]), torch.tensor([[7]]),
-                              torch.tensor([[True]]), projection)  # top-1 ∪ {y}, not token 1
+    position = (7, {0: -0.1, 1: -0.5, 7: -3.0})  # top-1 is token 0; token 7 was sampled
+    inside = (0, {0: -0.1, 1: -0.5})  # sampled token 0 is the top-1: listed twice by vLLM, counted once here
+    output = RequestOutput([CompletionOutput(0, [7, 0], _flat(1, position, inside))])
+    rollouts = _convert([output], [0], pad_token_id=2, top_k=1, projection=projection)
+    expected = logprob_sketch(torch.tensor([[[0, 7], [0, 0]]]), torch.tensor([[[-0.1, -3.0], [-0.1, -torch.inf]]]),
+                              torch.tensor([[7, 0]]), torch.tensor([[True, True]]), projection)  # top-1 ∪ {y}
     torch.testing.assert_close(rollouts.sketches, expected)
-    assert rollouts.behaviour_logprobs.tolist() == [[-3.0]]
+    assert rollouts.behaviour_logprobs.tolist() == [[-3.0, pytest.approx(-0.1)]]
 
 
-def test_missing_sampled_logprob_names_the_request_and_position():
-    output = RequestOutput([CompletionOutput(0, "x", [3, 4], [_lp(t3=-0.1), _lp(t1=-0.2)])])
+def test_malformed_logprobs_name_the_request_and_position():
+    output = RequestOutput([CompletionOutput(0, [3, 4], _flat(0, (3, {3: -0.1}), (1, {1: -0.2})))])
     with pytest.raises(ValueError, match=r"request 0 \(prompt 5\), completion 0, position 1.*sampled token 4"):
-        rollouts_from_outputs([output], [5], pad_token_id=0)
-    without = RequestOutput([CompletionOutput(0, "x", [3], None)])
+        _convert([output], [5], pad_token_id=0)
+    without = RequestOutput([CompletionOutput(0, [3], None)])
     with pytest.raises(ValueError, match="no log-probs"):
-        rollouts_from_outputs([without], [0], pad_token_id=0)
+        _convert([without], [0], pad_token_id=0)
+    short = RequestOutput([CompletionOutput(0, [3, 4], _flat(0, (3, {3: -0.1})))])
+    with pytest.raises(ValueError, match="2 tokens but 1 log-prob positions"):
+        _convert([short], [0], pad_token_id=0)
+    narrow = RequestOutput([CompletionOutput(0, [3, 4], FlatLogprobs([0, 2], [2, 3], [3, 3, 4], [-0.1, -0.1, -0.2]))])
+    with pytest.raises(ValueError, match=r"position 1: 1 log-prob entries, expected 2.*logprobs=1, flat_logprobs"):
+        _convert([narrow], [0], pad_token_id=0, top_k=1)
+    nested = RequestOutput([CompletionOutput(0, [3], [{3: -0.1}])])  # SamplingParams(flat_logprobs=False)
+    with pytest.raises(ValueError, match="not vLLM's FlatLogprobs; sample with SamplingParams\\(flat_logprobs=True"):
+        _convert([nested], [0], pad_token_id=0)
 
 
 def test_constructing_without_vllm_says_how_to_install_it(monkeypatch):
@@ -212,6 +245,97 @@ def vllm_engine(tmp_path_factory):
                         sketch_projection=None, seed=0)
     engine.problems = train[:4]
     return engine
+
+
+def _per_position_rollouts(outputs, prompt_index, *, pad_token_id: int, top_k: int, projection):
+    """The conversion before issue 47, a plain loop over vLLM's per-position {token id: Logprob} dicts
+    (`flat_logprobs=False`) with vLLM's own detokenized text: each position's top-K by log-prob plus the sampled token
+    when outside it. The reference the vectorised `rollouts_from_outputs` is checked against."""
+    rows = [(prompt, c) for request, prompt in zip(outputs, prompt_index)
+            for c in sorted(request.outputs, key=lambda c: c.index)]
+    length = max((len(c.token_ids) for _, c in rows), default=0)
+    ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.bool)
+    behaviour = torch.zeros(len(rows), length)
+    topk_ids = torch.zeros(len(rows), length, top_k + 1, dtype=torch.long)
+    topk_logprobs = torch.full((len(rows), length, top_k + 1), -torch.inf)
+    for i, (_, completion) in enumerate(rows):
+        for t, (token, position) in enumerate(zip(completion.token_ids, completion.logprobs)):
+            entries = {int(token_id): float(item.logprob) for token_id, item in position.items()}
+            ranked = sorted(entries.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
+            if token not in dict(ranked):
+                ranked.append((token, entries[token]))
+            ids[i, t], mask[i, t], behaviour[i, t] = token, True, entries[token]
+            topk_ids[i, t, : len(ranked)] = torch.tensor([token_id for token_id, _ in ranked])
+            topk_logprobs[i, t, : len(ranked)] = torch.tensor([value for _, value in ranked])
+    sketches = logprob_sketch(topk_ids, topk_logprobs, ids, mask, projection)
+    texts = [c.text for _, c in rows]
+    return torch.tensor([prompt for prompt, _ in rows]), ids, mask, behaviour, sketches, texts
+
+
+def _generate(engine, seeds, **overrides):
+    """The fixture's problems sampled with `engine._params(n=6, ...)` and `overrides`: RequestOutputs."""
+    requests = [engine._request(problem) for problem in engine.problems]
+    return engine.llm.generate(requests, [engine._params(n=6, seed=seed, **overrides) for seed in seeds],
+                               use_tqdm=False)
+
+
+VLLM_DETOKENIZED = dict(flat_logprobs=False, detokenize=True, skip_special_tokens=True)  # before issue 47
+
+
+@needs_vllm
+@pytest.mark.parametrize("top_k", [1, 20])
+def test_flat_logprobs_unpacked_at_once_equal_vllms_per_position_dicts(vllm_engine, top_k):
+    """Same seeds, same tokens: the vectorised unpacking of FlatLogprobs gives the old loop's rows, behaviour
+    log-probs and sketches; with top_k 1 some sampled tokens lie outside the top-K (the K + 1 path)."""
+    hidden = vllm_engine.policy.model.get_output_embeddings().weight
+    projection = make_projection(hidden.shape[0], hidden.shape[1], sketch_dim=256, seed=0)
+    seeds, prompts = [11, 12, 13, 14], [0, 1, 2, 3]
+    old = _generate(vllm_engine, seeds, logprobs=top_k, **VLLM_DETOKENIZED)
+    new = _generate(vllm_engine, seeds, logprobs=top_k)
+    assert type(new[0].outputs[0].logprobs).__name__ == "FlatLogprobs" and new[0].outputs[0].text == ""
+    prompt_index, ids, mask, behaviour, sketches, _ = _per_position_rollouts(
+        old, prompts, pad_token_id=vllm_engine.pad_token_id, top_k=top_k, projection=projection)
+    rollouts = rollouts_from_outputs(new, prompts, pad_token_id=vllm_engine.pad_token_id,
+                                     decode=vllm_engine.scorer.decode, top_k=top_k, projection=projection)
+    assert torch.equal(rollouts.prompt_index, prompt_index) and torch.equal(rollouts.completion_ids, ids)
+    assert torch.equal(rollouts.completion_mask, mask)
+    torch.testing.assert_close(rollouts.behaviour_logprobs, behaviour, rtol=0, atol=0)
+    torch.testing.assert_close(rollouts.sketches, sketches, rtol=1e-5, atol=1e-5)
+    outside = sum(c.logprobs.token_ids[start] not in c.logprobs.token_ids[start + 1:end]
+                  for request in new for c in request.outputs
+                  for start, end in zip(c.logprobs.start_indices, c.logprobs.end_indices))
+    assert outside > 0 if top_k == 1 else True
+
+
+@needs_vllm
+def test_decoding_once_per_batch_gives_vllms_detokenized_text(vllm_engine):
+    """Our one `batch_decode` per batch against vLLM's incremental detokenizer on the same tokens: completions ended
+    by the stop token and cut at max_tokens, and hot samples (temperature 2, EOS ignored) with leading spaces,
+    special tokens mid-text and byte-level tokens that are not whole characters. The one difference: vLLM holds
+    back a trailing incomplete UTF-8 sequence (waiting for the next token), which the whole decode shows as U+FFFD,
+    as the HF engine does. Greedy evaluation decodes the same way."""
+    cases = [dict(max_tokens=24), dict(max_tokens=8), dict(temperature=2.0, ignore_eos=True, stop_token_ids=[])]
+    finish_reasons = set()
+    for case in cases:
+        old, new = (_generate(vllm_engine, [21, 22, 23, 24], logprobs=0, **case, **extra)
+                    for extra in (VLLM_DETOKENIZED, {}))
+        ours = rollouts_from_outputs(new, [0, 1, 2, 3], pad_token_id=vllm_engine.pad_token_id,
+                                     decode=vllm_engine.scorer.decode).completion_text
+        theirs = [c.text for request in old for c in request.outputs]
+        assert [c.token_ids for r in old for c in r.outputs] == [c.token_ids for r in new for c in r.outputs]
+        for mine, vllms in zip(ours, theirs):
+            assert mine == vllms or (mine.endswith("\ufffd") and mine.startswith(vllms)), (mine, vllms)
+        finish_reasons |= {c.finish_reason for r in new for c in r.outputs}
+    assert finish_reasons == {"stop", "length"}
+    specials = set(vllm_engine.policy.tokenizer.all_special_ids)
+    hot = [c.token_ids for r in new for c in r.outputs]
+    assert any(token in specials for row in hot for token in row[:-1])  # special tokens inside the completion
+    assert any(text.startswith(" ") for text in ours) and "\ufffd" in "".join(ours)
+    greedy = vllm_engine._params(n=1, seed=None, greedy=True, **VLLM_DETOKENIZED)
+    requests = [vllm_engine._request(problem) for problem in vllm_engine.problems]
+    assert vllm_engine.greedy(vllm_engine.problems) == [
+        r.outputs[0].text for r in vllm_engine.llm.generate(requests, greedy, use_tqdm=False)]
 
 
 def _sample(engine, seed=1):

@@ -12,10 +12,15 @@ What it does, against vLLM's offline `LLM` API:
   Log-probs are vLLM's `raw_logprobs` (log-softmax of the raw logits, before temperature and logit bias), the
   same convention as `HFEngine`: `behaviour_logprobs` are log π(y_t) of the model being trained, at any
   temperature. Vision special tokens are never sampled (logit bias −100, like HF's `suppress_tokens`).
+  vLLM returns the log-probs flat (`flat_logprobs=True`) and detokenizes nothing (`detokenize=False`): turning the
+  K alternatives of every token into strings more than doubled generate at K = 20 (NOTES §8). The completions are
+  decoded once per batch with the policy's tokenizer (`HFEngine.decode`: the same text as vLLM's detokenizer,
+  tests/test_vllm_engine.py) and the flat log-probs unpacked in one vectorised pass (`rollouts_from_outputs`).
 - sketches: vLLM returns top-K log-probs, not hidden states, so the sketch is `logprob_sketch` (the vocabulary
   side of the lm_head sketch, fastrl_core.algo.sketches) over the top-K ids plus the sampled token — the same
   set top-K ∪ {y} the lm_head sketch uses. The trainer asks for it as `sketch=logprob`; `sketch=lm_head` and
-  sketch_top_k=0 are rejected with vLLM (fastrl_core.engines.resolve).
+  sketch_top_k=0 are rejected with vLLM (fastrl_core.engines.resolve). Without a sketch each request asks for
+  `logprobs=0`, the sampled token's only (what GRPO needs).
 - `token_logprobs` (the old / reference / policy passes of the update) delegates to `HFEngine` on the same
   policy: training-side passes run in PyTorch, as they must for gradients.
 - `sync_weights(model)`, which the trainer calls at start (after a checkpoint is loaded) and after each update:
@@ -46,9 +51,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -77,72 +84,112 @@ def import_vllm():
     return vllm
 
 
-def _position_entries(position: Any, token: int, top_k: int, where: str) -> tuple[float, list[tuple[int, float]]]:
-    """(log-prob of the sampled token, up to top_k + 1 (id, log-prob) pairs: the top-K by log-prob, plus the
-    sampled token when it is not among them) from one position's {token_id: Logprob} mapping."""
-    entries = {int(token_id): float(item.logprob) for token_id, item in position.items()}
-    if token not in entries:
-        raise ValueError(f"{where}: the sampled token {token} is missing from vLLM's log-probs {sorted(entries)}")
-    ranked = sorted(entries.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
-    if token not in dict(ranked):
-        ranked.append((token, entries[token]))
-    return entries[token], ranked
+class _Positions:
+    """Where the P positions of N token rows laid end to end go in an (N, T) grid: row (P,) and column (P,) index."""
+
+    def __init__(self, lengths: Sequence[int]) -> None:
+        lengths = torch.as_tensor(list(lengths), dtype=torch.long)  # (N,)
+        self.rows = len(lengths)
+        self.length = int(lengths.max()) if self.rows else 0
+        self.row = torch.repeat_interleave(torch.arange(self.rows), lengths)  # (P,)
+        first = torch.cumsum(lengths, 0) - lengths  # (N,) each row's first position
+        self.column = torch.arange(len(self.row)) - first[self.row]  # (P,)
+
+    def grid(self, values: Tensor, fill) -> Tensor:
+        """values (P, ...) -> (N, T, ...), `fill` where a row has no position."""
+        out = torch.full((self.rows, self.length, *values.shape[1:]), fill, dtype=values.dtype)
+        out[self.row, self.column] = values
+        return out
+
+
+def pad_token_rows(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Token id lists -> (ids (N, T) right-padded with `pad_token_id`, mask (N, T) True over each row's tokens)."""
+    positions = _Positions([len(row) for row in rows])
+    tokens = torch.from_numpy(np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(positions.row)))
+    return positions.grid(tokens, pad_token_id), positions.grid(torch.ones(len(tokens), dtype=torch.bool), False)
+
+
+def _first_bad(bad: Tensor) -> int:
+    return int(bad.nonzero()[0, 0])
 
 
 def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *, pad_token_id: int,
-                          top_k: int = 0, projection=None) -> Rollouts:
+                          decode: Callable[[Tensor, Tensor], list[str]], top_k: int = 0,
+                          projection=None) -> Rollouts:
     """vLLM `RequestOutput`s (one per request, in request order) -> `Rollouts`, rows in request order and, within a
     request, by `CompletionOutput.index`.
 
-    prompt_index[r]: the step's prompt index of request r. Reads from each completion only `index`, `token_ids`,
-    `text` and `logprobs` (a list over positions of {token_id: Logprob with `.logprob`}). completion_mask is True
-    over the returned tokens (vLLM keeps the EOS/stop token in `token_ids`, as HFEngine's mask includes EOS).
-    With a `projection` and top_k > 0, sketches = `logprob_sketch` over (N, T, top_k + 1) ids: each position's
-    top-K plus the sampled token when outside it (padding: id 0, log-prob −inf, weight 0).
+    The requests must be sampled with `SamplingParams(logprobs=top_k, flat_logprobs=True, detokenize=False)`
+    (`VLLMEngine._params`). prompt_index[r]: the step's prompt index of request r. Reads from each completion only
+    `index`, `token_ids` and `logprobs`, a `vllm.logprobs.FlatLogprobs`: per position, top_k + 1 entries laid end
+    to end in `token_ids` / `logprobs` from `start_indices[t]` (vLLM's sampler lists the sampled token first, then
+    the top-K by rank, so the sampled token appears twice when it is among them). They are unpacked for the whole
+    batch at once (no per-position Python). completion_mask is True over the returned tokens (vLLM keeps the
+    EOS/stop token in `token_ids`, as HFEngine's mask includes EOS); completion_text = decode(completion_ids,
+    completion_mask), once for the batch (`HFEngine.decode`; vLLM's own detokenizer is off: it cost more than
+    sampling, NOTES §8). With a `projection` and top_k > 0, sketches = `logprob_sketch` over (N, T, top_k + 1) ids:
+    each position's top-K plus the sampled token when outside it (padding: id 0, log-prob −inf, weight 0).
     """
     if len(outputs) != len(prompt_index):
         raise ValueError(f"rollouts_from_outputs: {len(outputs)} request outputs for {len(prompt_index)} prompts")
-    rows = []  # (prompt, token ids, text, logprobs, where)
+    width = top_k + 1  # entries per position: the sampled token, then the top-K
+    completions, origins = [], []  # origins: (request, prompt) of each completion, for error messages
     for r, (request, prompt) in enumerate(zip(outputs, prompt_index)):
         for completion in sorted(request.outputs, key=lambda c: c.index):
             where = f"request {r} (prompt {prompt}), completion {completion.index}"
-            if completion.logprobs is None:
+            logprobs = completion.logprobs
+            if logprobs is None:
                 raise ValueError(f"{where}: no log-probs; sample with SamplingParams(logprobs=...)")
-            if len(completion.logprobs) != len(completion.token_ids):
-                raise ValueError(f"{where}: {len(completion.token_ids)} tokens but {len(completion.logprobs)} "
-                                 "log-prob positions")
-            rows.append((prompt, list(completion.token_ids), completion.text, completion.logprobs, where))
-    n = len(rows)
-    length = max((len(tokens) for _, tokens, _, _, _ in rows), default=0)
-    width = top_k + 1
-    completion_ids = torch.full((n, length), pad_token_id, dtype=torch.long)  # (N, T)
-    completion_mask = torch.zeros(n, length, dtype=torch.bool)  # (N, T)
-    behaviour = torch.zeros(n, length)  # (N, T)
-    topk_ids = torch.zeros(n, length, width, dtype=torch.long)  # (N, T, K + 1)
-    topk_logprobs = torch.full((n, length, width), -torch.inf)  # (N, T, K + 1)
-    want_sketch = projection is not None and top_k > 0
-    for i, (_, tokens, _, logprobs, where) in enumerate(rows):
-        completion_ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        completion_mask[i, : len(tokens)] = True
-        for t, (token, position) in enumerate(zip(tokens, logprobs)):
-            sampled, ranked = _position_entries(position, token, top_k, f"{where}, position {t}")
-            behaviour[i, t] = sampled
-            if want_sketch:
-                topk_ids[i, t, : len(ranked)] = torch.tensor([token_id for token_id, _ in ranked])
-                topk_logprobs[i, t, : len(ranked)] = torch.tensor([value for _, value in ranked])
+            if not hasattr(logprobs, "start_indices"):
+                raise ValueError(f"{where}: log-probs are a {type(logprobs).__name__}, not vLLM's FlatLogprobs; "
+                                 "sample with SamplingParams(flat_logprobs=True)")
+            if len(logprobs) != len(completion.token_ids):
+                raise ValueError(f"{where}: {len(completion.token_ids)} tokens but {len(logprobs)} log-prob positions")
+            completions.append(completion)
+            origins.append(where)
+    positions = _Positions([len(c.token_ids) for c in completions])
+    count = len(positions.row)
+    tokens = torch.from_numpy(np.fromiter(chain.from_iterable(c.token_ids for c in completions), np.int64, count))
+    # each completion's entries start at its own 0: shift by the entries of the completions before it
+    offsets = torch.tensor([0] + [len(c.logprobs.token_ids) for c in completions[:-1]]).cumsum(0)[positions.row]
+    starts = torch.from_numpy(np.fromiter(chain.from_iterable(c.logprobs.start_indices for c in completions),
+                                          np.int64, count)) + offsets
+    ends = torch.from_numpy(np.fromiter(chain.from_iterable(c.logprobs.end_indices for c in completions),
+                                        np.int64, count)) + offsets
+    bad = (starts != torch.arange(count) * width) | (ends != starts + width)  # (P,)
+    if bad.any():
+        p = _first_bad(bad)
+        raise ValueError(f"{origins[positions.row[p]]}, position {int(positions.column[p])}: "
+                         f"{int(ends[p] - starts[p])} log-prob entries, expected {width} (the sampled token, then "
+                         f"the top {top_k}); sample with SamplingParams(logprobs={top_k}, flat_logprobs=True)")
+    ids = torch.from_numpy(np.fromiter(chain.from_iterable(c.logprobs.token_ids for c in completions), np.int64,
+                                       count * width)).view(count, width)  # (P, K + 1)
+    values = torch.from_numpy(np.fromiter(chain.from_iterable(c.logprobs.logprobs for c in completions), np.float32,
+                                          count * width)).view(count, width)  # (P, K + 1)
+    bad = ids[:, 0] != tokens
+    if bad.any():
+        p = _first_bad(bad)
+        raise ValueError(f"{origins[positions.row[p]]}, position {int(positions.column[p])}: the sampled token "
+                         f"{int(tokens[p])} is missing from vLLM's log-probs {ids[p].tolist()} (vLLM lists it first)")
+    completion_ids = positions.grid(tokens, pad_token_id)  # (N, T)
+    completion_mask = positions.grid(torch.ones(count, dtype=torch.bool), False)  # (N, T)
     sketches = None
-    if want_sketch:
+    if projection is not None and top_k > 0:
         from fastrl_core.algo.sketches import logprob_sketch
 
+        sampled_inside = (ids[:, 1:] == ids[:, :1]).any(dim=1, keepdim=True)  # (P, 1)
+        sketch_ids = torch.cat([ids[:, 1:], ids[:, :1].masked_fill(sampled_inside, 0)], dim=1)  # top-K, then y
+        sketch_values = torch.cat([values[:, 1:], values[:, :1].masked_fill(sampled_inside, -torch.inf)], dim=1)
         # vLLM's outputs are Python lists, so the sketch is computed on the CPU, wherever the projection lives
-        sketches = logprob_sketch(topk_ids, topk_logprobs, completion_ids, completion_mask,
-                                  projection.to(device=completion_ids.device))
+        sketches = logprob_sketch(positions.grid(sketch_ids, 0), positions.grid(sketch_values, -torch.inf),
+                                  completion_ids, completion_mask, projection.to(device=completion_ids.device))
     return Rollouts(
-        prompt_index=torch.tensor([prompt for prompt, *_ in rows], dtype=torch.long),
+        prompt_index=torch.tensor([prompt for prompt, request in zip(prompt_index, outputs)
+                                   for _ in request.outputs], dtype=torch.long),
         completion_ids=completion_ids,
         completion_mask=completion_mask,
-        completion_text=[text for _, _, text, _, _ in rows],
-        behaviour_logprobs=behaviour,
+        completion_text=decode(completion_ids, completion_mask),
+        behaviour_logprobs=positions.grid(values[:, 0].contiguous(), 0.0),
         sketches=sketches,
     )
 
@@ -262,18 +309,25 @@ class VLLMEngine:
             request["multi_modal_data"] = {"image": load_image(problem.image_path)}
         return request
 
-    def _params(self, *, n: int, seed: int | None, greedy: bool = False):
-        return self._sampling_params(
-            n=n,
-            temperature=0.0 if greedy else self.temperature,
-            top_p=1.0,
-            max_tokens=self.max_new_tokens,
-            seed=seed,
-            logprobs=None if greedy else self.sketch_top_k,
-            stop_token_ids=list(self.eos_token_ids),
-            logit_bias=self._logit_bias or None,
-            skip_special_tokens=True,
-        )
+    def _params(self, *, n: int, seed: int | None, greedy: bool = False, **overrides):
+        """SamplingParams of a request: log-probs flat (`vllm.logprobs.FlatLogprobs`: a few lists per completion,
+        not a dict of objects per position) and nothing detokenized (the completions are decoded once per batch,
+        `rollouts_from_outputs`); `logprobs` = the sketch's top-K when sketching, else 0 (the sampled token's only,
+        what GRPO needs), None when greedy. `overrides`: other SamplingParams values (benchmarks/
+        bench_vllm_sketch.py times the variants)."""
+        return self._sampling_params(**{
+            "n": n,
+            "temperature": 0.0 if greedy else self.temperature,
+            "top_p": 1.0,
+            "max_tokens": self.max_new_tokens,
+            "seed": seed,
+            "logprobs": None if greedy else self.sketch_top_k,
+            "flat_logprobs": True,
+            "detokenize": False,
+            "stop_token_ids": list(self.eos_token_ids),
+            "logit_bias": self._logit_bias or None,
+            **overrides,
+        })
 
     # ---- sleep mode ---------------------------------------------------------------------------------------------
     def _awake_for_generation(self) -> None:
@@ -309,8 +363,8 @@ class VLLMEngine:
                 self._prefill(requests)
             outputs = self.llm.generate(requests, params, use_tqdm=False)
             self._sleep_after_generation()
-        return rollouts_from_outputs(outputs, requested, pad_token_id=self.pad_token_id, top_k=self.sketch_top_k,
-                                     projection=self.sketch_projection)
+        return rollouts_from_outputs(outputs, requested, pad_token_id=self.pad_token_id, decode=self.scorer.decode,
+                                     top_k=self.sketch_top_k, projection=self.sketch_projection)
 
     def _prefill(self, requests: list[dict]) -> None:
         """Put each prompt's KV blocks in the prefix cache (one 1-token request per prompt) before its n rollouts are
@@ -318,7 +372,8 @@ class VLLMEngine:
         prompt cached and each prefills it; after this pass they share its cached blocks, as the HF engine's
         share_prompts shares one KV cache per prompt. Same tokens and log-probs (the cache holds the same K/V;
         tests/test_vllm_engine.py). What it saves: docs/gpu.md, "Where vLLM-CPU's generate time goes"."""
-        warm = self._sampling_params(n=1, temperature=0.0, max_tokens=1, logit_bias=self._logit_bias or None)
+        warm = self._sampling_params(n=1, temperature=0.0, max_tokens=1, logit_bias=self._logit_bias or None,
+                                     detokenize=False)
         self.llm.generate(requests, warm, use_tqdm=False)
 
     def greedy(self, problems: Sequence, *, batch_size: int = 256) -> list[str]:
@@ -330,7 +385,7 @@ class VLLMEngine:
             chunk = problems[start : start + batch_size]
             outputs = self.llm.generate([self._request(p) for p in chunk], self._params(n=1, seed=None, greedy=True),
                                         use_tqdm=False)
-            texts += [output.outputs[0].text for output in outputs]
+            texts += self.scorer.decode(*pad_token_rows([o.outputs[0].token_ids for o in outputs], self.pad_token_id))
         return texts
 
     # ---- training side ------------------------------------------------------------------------------------------

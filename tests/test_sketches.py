@@ -390,6 +390,27 @@ def test_logprob_sketch_hand_computed_and_masked():
         logprob_sketch(top_ids + 3, top_logprobs, tokens, mask, projection)
 
 
+def test_logprob_sketch_dense_and_gathered_give_the_same_sums():
+    """The two ways `logprob_sketch` computes (dense b @ M when V <= T·(K + 1), else gathered rows) agree, on a
+    vocabulary small enough for the dense way and, through logprob_sketch, one large enough for the gathered."""
+    from fastrl_core.algo.sketches import _bias_gradient_sketch, _gathered_sketch
+
+    generator = torch.Generator().manual_seed(4)
+    for vocab, length, k in ((40, 8, 5), (500, 3, 2)):
+        projection = make_projection(vocab, 16, sketch_dim=64, seed=2)
+        ids = torch.randint(0, vocab, (6, length * (k + 1)), generator=generator)
+        weights = torch.randn(6, length * (k + 1), generator=generator)
+        dense = _bias_gradient_sketch(ids, weights, projection)
+        torch.testing.assert_close(dense, _gathered_sketch(ids, weights, projection), rtol=1e-5, atol=1e-5)
+        top_ids = ids.view(6, length, k + 1)[..., 1:]
+        top_logprobs = -torch.rand(6, length, k, generator=generator)
+        tokens, mask = ids.view(6, length, k + 1)[..., 0], torch.rand(6, length, generator=generator) < 0.7
+        weights = torch.cat([torch.ones(6, length, 1), -top_logprobs.exp()], -1) * mask[..., None]
+        torch.testing.assert_close(logprob_sketch(top_ids, top_logprobs, tokens, mask, projection),
+                                   _gathered_sketch(ids, weights.view(6, -1), projection), rtol=1e-5, atol=1e-5)
+    assert _bias_gradient_sketch(ids[:0], weights.view(6, -1)[:0], projection).shape == (0, 64)
+
+
 def exact_jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 

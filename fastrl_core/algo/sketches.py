@@ -231,6 +231,11 @@ def logprob_sketch(topk_ids: Tensor, topk_logprobs: Tensor, tokens: Tensor, resp
     φ = Σ_j b_j vec(R_o[j] R_h[j mod d]ᵀ). E[R_o R_oᵀ] = I, E[R_h R_hᵀ] = I and R_o, R_h are independent, so
     E⟨row_j, row_j'⟩ = δ_jj' and E⟨φ_i, φ_j⟩ = ⟨b_i, b_j⟩ (a JL map V -> D; ids sharing j mod d add a little
     variance). With identity projections (k_o = V, k_h = d) the map is an isometry.
+
+    Two ways to the same sums: when V ≤ T·(K + 1) (the vocabulary no larger than a row's entries, as at the
+    embedded model's 482 tokens with T 32 and K 20), b densely, by one scatter-add and one (B, V) x (V, D) product
+    (`_bias_gradient_sketch`); else the rows of R_o and R_h gathered entry by entry (`_gathered_sketch`), which never
+    holds a (B, V) array. On the vLLM engine this runs inside `generate` (benchmarks/bench_vllm_sketch.py times it).
     """
     if topk_ids.ndim != 3 or topk_logprobs.shape != topk_ids.shape or tokens.shape != topk_ids.shape[:2] \
             or response_mask.shape != tokens.shape:
@@ -244,17 +249,38 @@ def logprob_sketch(topk_ids: Tensor, topk_logprobs: Tensor, tokens: Tensor, resp
                          -topk_logprobs.float().exp()], dim=-1)  # (B, T, 1 + K): +1 for e_y, −p for the top-K
     weights = torch.where(mask[..., None], weights, torch.zeros_like(weights))
     ids = torch.where(mask[..., None], ids, torch.zeros_like(ids))
-    vocab_size, hidden_size = projection.output.shape[0], projection.hidden.shape[0]
+    vocab_size = projection.output.shape[0]
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"logprob_sketch: token ids must lie in [0, {vocab_size}) at unmasked positions, "
                          f"got range [{int(ids.min())}, {int(ids.max())}]")
+    entries = length * (k + 1)
+    sketch = _bias_gradient_sketch if vocab_size <= entries else _gathered_sketch
+    return sketch(ids.reshape(batch, entries), weights.reshape(batch, entries), projection)
+
+
+def _bias_gradient_sketch(ids: Tensor, weights: Tensor, projection: SketchProjection) -> Tensor:
+    """`logprob_sketch` densely: b (B, V) by one scatter-add of the entries, then φ = b @ M with M (V, D) the rows
+    vec(R_o[j] R_h[j mod d]ᵀ). ids, weights (B, n) -> (B, D). `_CHUNK_ELEMENTS` entries of b at a time."""
+    vocab_size, hidden_size = projection.output.shape[0], projection.hidden.shape[0]
+    rows = torch.arange(vocab_size, device=projection.output.device) % hidden_size
+    kronecker = (projection.output[:, :, None] * projection.hidden[rows][:, None, :]).reshape(vocab_size, -1)
+    step = max(1, _CHUNK_ELEMENTS // vocab_size)  # rollouts per chunk
+    parts = [torch.zeros(len(chunk), vocab_size, device=ids.device).scatter_add_(1, chunk, chunk_weights) @ kronecker
+             for chunk, chunk_weights in zip(ids.split(step), weights.split(step))]
+    return torch.cat(parts) if parts else torch.zeros(0, kronecker.shape[1], device=ids.device)
+
+
+def _gathered_sketch(ids: Tensor, weights: Tensor, projection: SketchProjection) -> Tensor:
+    """`logprob_sketch` entry by entry: Σ_n w_n vec(R_o[id_n] R_h[id_n mod d]ᵀ) from gathered rows of R_o and R_h.
+    ids, weights (B, n) -> (B, D). `_CHUNK_ROWS` gathered rows at a time."""
+    batch, entries = ids.shape
+    hidden_size = projection.hidden.shape[0]
     k_o, k_h = projection.output.shape[1], projection.hidden.shape[1]
-    sums = torch.zeros(batch, k_o, k_h, dtype=torch.float32, device=topk_ids.device)
-    step = max(1, _CHUNK_ROWS // max(batch * (k + 1), 1))  # time steps per chunk
-    for start in range(0, length, step):
-        chunk_ids = ids[:, start:start + step].reshape(batch, -1)  # (B, n)
-        chunk_weights = weights[:, start:start + step].reshape(batch, -1, 1)  # (B, n, 1)
-        vocab_rows = projection.output[chunk_ids] * chunk_weights  # (B, n, k_o)
+    sums = torch.zeros(batch, k_o, k_h, dtype=torch.float32, device=ids.device)
+    step = max(1, _CHUNK_ROWS // max(batch, 1))  # entries per chunk
+    for start in range(0, entries, step):
+        chunk_ids = ids[:, start:start + step]  # (B, n)
+        vocab_rows = projection.output[chunk_ids] * weights[:, start:start + step, None]  # (B, n, k_o)
         hidden_rows = projection.hidden[chunk_ids % hidden_size]  # (B, n, k_h)
         sums += vocab_rows.transpose(1, 2) @ hidden_rows
     return sums.reshape(batch, k_o * k_h)

@@ -390,6 +390,24 @@ def test_logprob_sketch_hand_computed_and_masked():
         logprob_sketch(top_ids + 3, top_logprobs, tokens, mask, projection)
 
 
+def test_lm_head_sketch_from_hidden_is_lm_head_sketch_of_the_heads_logits(monkeypatch):
+    """From hidden states and the head's weight and bias, a few positions at a time (the chunk forced small here):
+    lm_head_sketch of the logits (W h + b) / temperature."""
+    import fastrl_core.algo.sketches as sketches_module
+    from fastrl_core.algo.sketches import lm_head_sketch, lm_head_sketch_from_hidden
+
+    generator = torch.Generator().manual_seed(6)
+    hidden = torch.randn(3, 7, 12, generator=generator)
+    weight, bias = torch.randn(50, 12, generator=generator), torch.randn(50, generator=generator)
+    tokens = torch.randint(0, 50, (3, 7), generator=generator)
+    mask = torch.rand(3, 7, generator=generator) < 0.8
+    projection = make_projection(50, 12, sketch_dim=16, seed=1)
+    expected = lm_head_sketch(hidden, (hidden @ weight.T + bias) / 0.7, tokens, mask, projection, top_k=5)
+    monkeypatch.setattr(sketches_module, "_CHUNK_ELEMENTS", 3 * 50 * 2)  # 2 positions per chunk
+    torch.testing.assert_close(lm_head_sketch_from_hidden(hidden, weight, bias, tokens, mask, projection, top_k=5,
+                                                          temperature=0.7), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_logprob_sketch_dense_and_gathered_give_the_same_sums():
     """The two ways `logprob_sketch` computes (dense b @ M when V <= T·(K + 1), else gathered rows) agree, on a
     vocabulary small enough for the dense way and, through logprob_sketch, one large enough for the gathered."""

@@ -8,9 +8,10 @@ AND reference passes run) trains two runs one after the other in the same two pr
   two processes (TRL's groups are consecutive rows of the gathered batch); rewards vary everywhere.
 Then checks, each against what the two processes recorded:
 - the keep decision every process took equals one process's `decide_global` on the same batch, assembled here
-  from each process's own rows (its completion ids -> token sketches, its advantages and rewards), and TRL's
-  advantages are group-normalised over those assembled groups (so the straddling group is one group);
-- every process trains on the same number of rows, exactly its kept rows, in equal micro-batches;
+  from each process's own rows (its lm_head sketches, zero where the advantage is, its advantages and rewards),
+  and TRL's advantages are group-normalised over those assembled groups (so the straddling group is one group);
+- every process trains on the same number of rows, exactly its kept rows, in equal micro-batches, with the
+  policy's old log-probs (from the sketch's scoring forward, or the deferred pass for rows put back);
 - only rank 0 writes the store (one run per store, every rollout of both processes in it, marked finished);
 - "flat": rank 1's pruner keeps nothing, yet the run ends and rank 1 trains on topped-up rows, within the launch
   timeout (a hang fails the test instead of hanging CI; without the top-up rank 1 crashes and rank 0 then fails on
@@ -62,7 +63,7 @@ def worker(out_dir: Path, model_dir: Path) -> None:
     out_dir/<scenario>/rank{r}.pt."""
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig
+    from trl import GRPOConfig, GRPOTrainer
 
     from fastrl_core.integrations.trl import FastRLGRPOTrainer
 
@@ -74,8 +75,8 @@ def worker(out_dir: Path, model_dir: Path) -> None:
         generations: list[dict] = []
         micro_batches: list[int] = []
 
-        def _decide(self, output):
-            decision, keep, topped_up, sketches = super()._decide(output)
+        def _decide(self, output, local_sketches):
+            decision, keep, topped_up, sketches = super()._decide(output, local_sketches)
             local = output["completion_ids"].shape[0]
             rank = self.accelerator.process_index
             self.generations.append({
@@ -84,12 +85,23 @@ def worker(out_dir: Path, model_dir: Path) -> None:
                 "rewards": self._stash["rewards"][rank * local:(rank + 1) * local].clone(),
                 "keep_mask": decision.keep_mask.clone(), "scores": decision.scores.clone(),
                 "reasons": decision.reasons.clone(), "weights": decision.weights.clone(),
-                "keep": keep.clone(), "topped_up": topped_up.clone(), "sketches": sketches.clone()})
+                "keep": keep.clone(), "topped_up": topped_up.clone(), "sketches": sketches.clone(),
+                "local_sketches": local_sketches.cpu()})
             return decision, keep, topped_up, sketches
 
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
             if self.model.training:
+                # the old log-probs (scoring forward where it covered a row, the deferred pass elsewhere) are the
+                # policy's: nothing has been updated since this generation was sampled
+                ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+                mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+                with torch.no_grad():
+                    fresh, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                        self, self.model, ids, mask, output["completion_ids"].shape[1])
+                valid = output["completion_mask"].bool()
+                self.generations[-1]["old_logps_gap"] = float(
+                    (output["old_per_token_logps"] - fresh)[valid].abs().max())
                 self.generations[-1]["trained_ids"] = output["completion_ids"].cpu()
                 self.generations[-1]["trained_old_logps_finite"] = bool(
                     torch.isfinite(output["old_per_token_logps"]).all())
@@ -165,15 +177,16 @@ def test_it_really_ran_as_two_gloo_processes(launched):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_process_takes_the_decision_one_process_takes_on_the_same_batch(launched, scenario):
     from fastrl_core.algo.groups import GroupBatch
-    from fastrl_core.algo.sketches import token_sketch
     from fastrl_core.integrations.trl import decide_global
 
     _, runs = launched
     for generation in range(GENERATIONS):
         seen = [record["generations"][generation] for record in runs[scenario]]
-        # the global batch, assembled from each process's own rows (process-major, as TRL's gather orders it)
-        sketches = torch.cat([token_sketch(s["completion_ids"], s["completion_mask"].bool(), dim=SKETCH_DIM,
-                                           seed=SEED) for s in seen])
+        # the global batch, assembled from each process's own rows (process-major, as TRL's gather orders it):
+        # each process's lm_head sketches of its rows (zero where the advantage is)
+        sketches = torch.cat([s["local_sketches"] for s in seen])
+        assert sketches.shape == (WORLD_SIZE * LOCAL_ROWS[scenario], SKETCH_DIM)
+        assert (sketches.abs().sum(1) > 0).tolist() == (torch.cat([s["advantages"] for s in seen]) != 0).tolist()
         advantages = torch.cat([s["advantages"] for s in seen])
         rewards = torch.cat([s["rewards"] for s in seen])
         group_ids = torch.arange(advantages.numel()) // NUM_GENERATIONS
@@ -207,6 +220,7 @@ def test_each_process_trains_on_its_own_kept_rows_in_equal_micro_batches(launche
             local_keep = seen["keep"][_rows(scenario, rank)]
             assert torch.equal(seen["trained_ids"], seen["completion_ids"][local_keep])  # exactly its kept rows
             assert seen["trained_old_logps_finite"] and seen["trained_ref_logps_finite"]  # deferred passes ran
+            assert seen["old_logps_gap"] < 1e-4  # also on rows put back by the balance, which the sketch skipped
             counts.append(int(local_keep.sum()))
         assert len(set(counts)) == 1 and counts[0] % STEPS_PER_GENERATION == 0 and counts[0] >= STEPS_PER_GENERATION
     micro_batches = [record["micro_batches"] for record in records]

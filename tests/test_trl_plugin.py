@@ -163,9 +163,40 @@ def _varied_reward(completions, **kwargs):
     return [float(len(text) % 3) for text in completions]
 
 
+def _direct_lm_head_sketches(trainer, output: dict) -> torch.Tensor:
+    """The lm_head sketch of a TRL batch's rows as the HF engine's is (tests/test_engine.py: its sketches equal
+    this on a fresh forward): `lm_head_sketch` on a plain forward's last hidden states and logits / temperature,
+    with the trainer's projection and top-K, in TRL's precision."""
+    from fastrl_core.algo.sketches import lm_head_sketch
+
+    completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+    input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)
+    attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
+    width = completion_ids.shape[1]
+    with torch.no_grad(), trainer.accelerator.autocast():  # TRL's precision (GRPOConfig's bf16 autocast, also on CPU)
+        hidden = trainer.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = hidden[:, -width - 1:-1]
+        logits = trainer.model.lm_head(hidden).float() / trainer.temperature
+        return lm_head_sketch(hidden, logits, completion_ids, completion_mask, trainer._projection,
+                              top_k=trainer.fastrl_sketch_top_k or None)
+
+
+def _assert_lm_head_sketches(decisions: list[tuple]) -> None:
+    """The trainer's sketches (the ones it pruned with) against `_direct_lm_head_sketches`: equal on rows with
+    nonzero advantage, zero on the others (no pruner that reads sketches keeps those)."""
+    assert decisions
+    for sketches, direct, advantages in decisions:
+        nonzero = advantages != 0
+        assert nonzero.any() and sketches.shape == direct.shape == (len(advantages), 256)
+        torch.testing.assert_close(sketches[nonzero], direct[nonzero], rtol=1e-4, atol=1e-5)
+        assert not sketches[~nonzero].any()
+
+
 def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(tmp_path):
     """num_iterations=2 makes TRL compute old log-probs too: both the old and the reference pass must run after
-    pruning, on the kept rows only, and give what the models give for those rows."""
+    pruning, on the kept rows only, and give what the models give for those rows. The lm_head sketch comes from
+    one scoring forward over the rows with nonzero advantage, whose log-probs are the kept rows' old log-probs (the
+    old pass does not run again on them), and equals the HF engine's sketch of those rows."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -180,6 +211,12 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
 
         loss_batches: list[dict] = []
         scoring_rows: list[tuple[str, int]] = []
+        decisions: list[tuple] = []
+
+        def _decide(self, output, local_sketches):
+            advantages = output["advantages"].reshape(len(local_sketches), -1)[:, 0]
+            self.decisions.append((local_sketches, _direct_lm_head_sketches(self, output), advantages))
+            return super()._decide(output, local_sketches)
 
         def _compute_loss(self, model, inputs):
             ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
@@ -213,6 +250,7 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
     steps = read_steps(tmp_path / "store", run_id)
     rollouts = read_rollouts(tmp_path / "store", run_id)
     assert steps["step"].tolist() == [0, 1] and len(Recording.loss_batches) == 4  # 2 generations, each used twice
+    _assert_lm_head_sketches(Recording.decisions)
     assert steps["row_cost"].tolist() == [0.01, 0.01]  # the cost rule's rate, recorded per step as the trainer does
     assert set(rollouts["kept"]) == {True, False}  # both kept and pruned rows are in the store
     assert (rollouts.loc[~rollouts["kept"], "reason"] != "KEPT").all()
@@ -227,12 +265,66 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
         texts = tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True)
         assert Counter(texts) == Counter(kept["completion"])
         assert int(batch["num_items_in_batch"]) == int(batch["completion_mask"].sum())
-        # the old and reference passes ran after pruning, on the kept rows only, with the right log-probs
-        assert Recording.scoring_rows[2 * generation: 2 * generation + 2] == [("old", len(kept)), ("ref", len(kept))]
+        # one scoring forward over the distinct rows with nonzero advantage (the sketch and their old log-probs);
+        # after pruning the reference pass on the kept rows, and the old pass only on kept rows it did not cover
+        _, _, advantages = Recording.decisions[generation]  # every row distinct here: each one is scored once
+        assert Recording.scoring_rows[2 * generation: 2 * generation + 2] == [("old", int((advantages != 0).sum())),
+                                                                              ("ref", len(kept))]
         mask = batch["completion_mask"].bool()
         torch.testing.assert_close(batch["ref_per_token_logps"][mask], batch["fresh_ref"][mask])
         if call % 2 == 0:  # before this batch's first update the policy still is the old policy
             torch.testing.assert_close(batch["old_per_token_logps"][mask], batch["fresh_policy"][mask])
+
+
+def test_the_sketch_rides_on_trls_own_old_pass_when_trl_runs_one(tmp_path):
+    """defer_scoring=False with num_iterations=2: TRL computes the old log-probs itself, on every row, before the
+    rewards; the lm_head sketch is taken from that pass (no scoring forward of its own) and equals the HF engine's.
+    sketch="tokens" prunes on token sets instead, with no forward at all; a pruner that reads no sketch gets none."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+
+    torch.set_num_threads(1)
+    model_dir, tokenizer = _tiny_model_dir(tmp_path)
+
+    class Recording(FastRLGRPOTrainer):
+        passes: list[int] = []
+        decisions: list[tuple] = []
+
+        def _decide(self, output, local_sketches):
+            advantages = output["advantages"].reshape(len(output["advantages"]), -1)[:, 0]
+            direct = _direct_lm_head_sketches(self, output) if self.fastrl_sketch == "lm_head" else None
+            self.decisions.append((local_sketches, direct, advantages))
+            return super()._decide(output, local_sketches)
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+            if not torch.is_grad_enabled() and model is self.model:
+                self.passes.append(input_ids.shape[0])
+            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+
+    dataset = Dataset.from_dict({"prompt": [f"count {i} dots" for i in range(12)], "id": [f"p{i}" for i in range(12)],
+                                 "answer": [str(i % 5) for i in range(12)]})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_steps=2, num_iterations=2, learning_rate=1e-3, seed=0,
+                      use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+    common = dict(model=str(model_dir), reward_funcs=[_varied_reward], args=args, train_dataset=dataset,
+                  processing_class=tokenizer, keep_ratio=0.5, defer_scoring=False)
+    Recording(**common, pruner="fastrl").train()
+    assert Recording.passes == [8]  # TRL's old pass over the generation's 8 rows, and nothing more
+    _assert_lm_head_sketches(Recording.decisions)
+
+    Recording.passes, Recording.decisions = [], []
+    Recording(**common, pruner="fastrl", sketch="tokens").train()
+    (sketches, _, _), = Recording.decisions
+    assert Recording.passes == [8] and set(sketches.unique().tolist()) == {0.0, 1.0}  # hashed token-set bits
+    Recording.decisions = []
+    Recording(**common, pruner="cppo").train()
+    assert [sketches for sketches, _, _ in Recording.decisions] == [None]
+    for bad in (dict(sketch="logprob"), dict(sketch_top_k=-1), dict(sketch_dim=0)):
+        with pytest.raises(ValueError, match="FastRLGRPOTrainer: (sketch=.logprob.; choose one of|sketch_top_k=-1|"
+                                             "sketch_dim=0)"):
+            FastRLGRPOTrainer(**common, pruner="fastrl", **bad)
 
 
 # ---- TRL's vision-language path on CPU -------------------------------------------------------------------------
@@ -361,6 +453,7 @@ def test_trl_colocate_mode_samples_with_vllm_on_cpu_and_syncs_each_step(tmp_path
     trainer = FastRLGRPOTrainer(model=str(model_dir), reward_funcs=[_varied_reward], args=args,
                                 train_dataset=dataset, processing_class=tokenizer, pruner="fastrl", keep_ratio=0.5,
                                 store_dir=str(tmp_path / "store"), run_name="trl-vllm")
+    trainer._scoring_forward = lambda batch: pytest.fail("TRL's old pass (vLLM importance sampling) had the sketch")
     synced = []
     reload_sync = trainer.vllm_generation.sync_weights
     trainer.vllm_generation.sync_weights = lambda: (synced.append(trainer.state.global_step), reload_sync())[1]

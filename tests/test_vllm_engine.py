@@ -209,8 +209,10 @@ def test_gpu_check_dry_run_runs_every_part_on_cpu(tmp_path):
     summary = _gpu_check()["main"](["--dry-run", "--steps", "1", "--out", str(tmp_path / "check.json")])
     assert json.loads((tmp_path / "check.json").read_text())["dry_run"] is True
     assert (summary["engine"], summary["vllm_skipped"]) == ("hf", "dry run")
-    (throughput,) = summary["throughput"]
-    assert throughput["engine"] == "hf" and throughput["rollouts"] == 8 and throughput["tokens"] > 0
+    grpo, fastrl = summary["throughput"]  # the same batch and seeds without and with the sketch
+    assert (grpo["engine"], grpo["sketch"], fastrl["engine"], fastrl["sketch"]) == ("hf", "none", "hf", "lm_head")
+    assert grpo["rollouts"] == fastrl["rollouts"] == 8 and grpo["tokens"] == fastrl["tokens"] > 0
+    assert summary["sketch_cost"] == fastrl["seconds"] / grpo["seconds"]
     grpo, fastrl = summary["steps"]
     assert (grpo["method"], fastrl["method"]) == ("grpo", "fastrl")
     assert grpo["kept"] == grpo["sampled"] == 8  # pruner none

@@ -136,9 +136,8 @@ def profile(args) -> dict:
     llm, requests = engine.llm, [engine._request(problem) for problem in batch]
     seeds = list(range(len(batch)))
 
-    def params(n, seed, logprobs=0, max_tokens=args.tokens):
-        return engine._sampling_params(n=n, temperature=1.0, max_tokens=max_tokens, seed=seed, logprobs=logprobs,
-                                       stop_token_ids=list(engine.eos_token_ids), logit_bias=engine._logit_bias)
+    def params(n, seed, logprobs=0, max_tokens=args.tokens):  # the engine's own (flat, nothing detokenized)
+        return engine._params(n=n, seed=seed, logprobs=logprobs, max_tokens=max_tokens)
 
     def prefilled(run):
         llm.reset_prefix_cache()

@@ -14,7 +14,8 @@ What it does, against vLLM's offline `LLM` API:
   temperature. Vision special tokens are never sampled (logit bias −100, like HF's `suppress_tokens`).
   vLLM returns the log-probs flat (`flat_logprobs=True`) and detokenizes nothing (`detokenize=False`): turning the
   K alternatives of every token into strings more than doubled generate at K = 20 (NOTES §8). The completions are
-  decoded once per batch with the policy's tokenizer (`HFEngine.decode`: the same text as vLLM's detokenizer,
+  decoded once per batch with the policy's tokenizer (`HFEngine.decode`: vLLM's detokenized text, except that
+  vLLM holds back a trailing incomplete UTF-8 character, which the decode shows as U+FFFD;
   tests/test_vllm_engine.py) and the flat log-probs unpacked in one vectorised pass (`rollouts_from_outputs`).
 - sketches: vLLM returns top-K log-probs, not hidden states, so the sketch is `logprob_sketch` (the vocabulary
   side of the lm_head sketch, fastrl_core.algo.sketches) over the top-K ids plus the sampled token — the same
@@ -173,14 +174,15 @@ def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *
     the top-K by rank, so the sampled token appears twice when it is among them). They are unpacked for the whole
     batch at once (no per-position Python). completion_mask is True over the returned tokens (vLLM keeps the
     EOS/stop token in `token_ids`, as HFEngine's mask includes EOS); completion_text = decode(completion_ids,
-    completion_mask), once for the batch (`HFEngine.decode`; vLLM's own detokenizer is off: it cost more than
-    sampling, NOTES §8). With a `projection` and top_k > 0, sketches = `logprob_sketch` over (N, T, top_k + 1) ids:
-    each position's top-K plus the sampled token when outside it (padding: id 0, log-prob −inf, weight 0).
+    completion_mask), once for the batch (`HFEngine.decode`; vLLM's own detokenizer is off: at K = 20 it more than
+    doubled generate, NOTES §8). With a `projection` and top_k > 0, sketches = `logprob_sketch` over
+    (N, T, top_k + 1) ids: each position's top-K plus the sampled token when outside it (padding: id 0, log-prob
+    −inf, weight 0).
     """
     if len(outputs) != len(prompt_index):
         raise ValueError(f"rollouts_from_outputs: {len(outputs)} request outputs for {len(prompt_index)} prompts")
     width = top_k + 1  # entries per position: the sampled token, then the top-K
-    completions, origins = [], []  # origins: (request, prompt) of each completion, for error messages
+    completions, origins = [], []  # origins: where each completion came from, for error messages
     for r, (request, prompt) in enumerate(zip(outputs, prompt_index)):
         for completion in sorted(request.outputs, key=lambda c: c.index):
             where = f"request {r} (prompt {prompt}), completion {completion.index}"

@@ -293,7 +293,8 @@ class FastRLGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, pruner: str = "fastrl", keep_ratio: float = 0.5, min_keep: int = 2,
                  pruner_args: dict | None = None, row_cost: float | None = None, sketch: str = "lm_head",
-                 sketch_dim: int = 256, sketch_top_k: int = 64, store_dir: str | None = None, run_name: str = "fastrl-trl", accuracy_reward: str | None = None,
+                 sketch_dim: int = 256, sketch_top_k: int = 64, store_dir: str | None = None,
+                 run_name: str = "fastrl-trl", accuracy_reward: str | None = None,
                  defer_scoring: bool = True, **kwargs) -> None:
         row_cost = check_row_cost(pruner, row_cost)  # before TRL loads anything
         if "row_cost" in (pruner_args or {}):
@@ -468,11 +469,12 @@ class FastRLGRPOTrainer(GRPOTrainer):
     def _local_sketches(self, output: dict) -> tuple[Tensor | None, tuple[Tensor, Tensor] | None]:
         """Step 2 on this process's rows: (sketches (n, D) or None without a sketch, scored or None).
 
-        lm_head: the sketch captured from TRL's own old pass when it ran one; else one no-grad scoring forward of
-        the policy over the rows that can still be kept (nonzero advantage, one per class of identical
+        lm_head: the sketch captured from TRL's own old pass when it ran one (every row); else one no-grad scoring
+        forward of the policy over the rows that can still be kept (nonzero advantage, one per class of identical
         completions of a prompt: `find_duplicates`), whose log-probs are the old log-probs of those rows
-        (scored = (covered (n,) bool, old log-probs (n, T)); copies take their representative's). Rows with zero
-        advantage, which no sketch-reading pruner keeps, get zero sketches."""
+        (scored = (covered (n,) bool, old log-probs (n, T)); copies take their representative's); rows with zero
+        advantage, which no sketch-reading pruner keeps, then get zero sketches. The forward counts as `sketch`
+        time in the store, and the old pass it saves is no longer in `logprob`."""
         ids, mask = output["completion_ids"], output["completion_mask"].bool()
         if self.fastrl_sketch is None:
             return None, None

@@ -89,7 +89,7 @@ from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_b
 
 from fastrl_core.algo.duplicates import find_duplicates
 from fastrl_core.algo.groups import GroupBatch, PruneResult, Reason
-from fastrl_core.algo.pruners import SKETCH_PRUNERS, prune
+from fastrl_core.algo.pruners import PRUNERS, prune
 from fastrl_core.algo.sketches import lm_head_sketch_from_hidden, make_projection, token_sketch
 
 TOPPED_UP = "TOPPED_UP"  # store reason of a pruned rollout put back to balance the processes' micro-batches
@@ -314,7 +314,7 @@ class FastRLGRPOTrainer(GRPOTrainer):
         self.fastrl_row_cost = row_cost
         self.fastrl_min_keep = min_keep
         self.fastrl_pruner_args = dict(pruner_args or {})
-        self.fastrl_sketch = sketch if pruner in SKETCH_PRUNERS else None  # as engines.resolve.resolve_sketch
+        self.fastrl_sketch = sketch if PRUNERS.get(pruner).reads_sketches else None  # as engines.resolve
         self.fastrl_sketch_dim = sketch_dim
         self.fastrl_sketch_top_k = sketch_top_k
         self._projection = None

@@ -33,9 +33,11 @@ def free_port() -> int:
 
 
 def start_run(store_dir: Path, name: str, steps: int) -> subprocess.Popen:
-    """A real training run (`python -m fastrl_app.cli train`) in the background."""
-    return subprocess.Popen(train_command(store_dir, name, f"steps={steps}"), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    """A real training run (`python -m fastrl_app.cli train`) in the background; its stderr (the progress bar) goes to
+    `<store_dir>/<name>.stderr`, a file, not a pipe: a long run filled an unread pipe, blocked, and outlived teardown."""
+    with open(store_dir / f"{name}.stderr", "w") as stderr:
+        return subprocess.Popen(train_command(store_dir, name, f"steps={steps}"), cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=stderr, text=True)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
@@ -53,7 +55,7 @@ def served(tmp_path_factory):
     """A finished real GRPO run, then a real FastRL run training in the background, and the app on them."""
     store_dir = tmp_path_factory.mktemp("browser_store")
     baseline = start_run(store_dir, "grpo", 10)
-    assert baseline.wait(300) == 0, baseline.stderr.read()[-3000:]
+    assert baseline.wait(300) == 0, (store_dir / "grpo.stderr").read_text()[-3000:]
     live = start_run(store_dir, "fastrl", 1000)  # stopped at teardown
     port = free_port()
     app = serve(store_dir, port=port, timeout=90)

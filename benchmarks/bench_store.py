@@ -101,7 +101,7 @@ def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
           f"median / max of {repeat} calls")
     def cold(fn):  # without the per-process cache of steps rows (a fresh app process)
         def run():
-            readers._steps_cache.clear()
+            readers._table_cache.clear()
             return fn()
         return run
 
@@ -124,7 +124,7 @@ def bench_read(root: Path, steps: int, rollouts: int, repeat: int) -> None:
         "read_budget_matrix(run)": lambda: store.read_budget_matrix(root, run_id),
         "read_evals(run)": lambda: store.read_evals(root, run_id),
         "latest_step(run)": lambda: store.latest_step(root, run_id),
-        "read_image(ref)": lambda: store.read_image(root, image_ref),
+        "read_image(ref)": lambda: store.read_image(root, run_id, image_ref),
     }
     database = str(root / "store.duckdb")
 
@@ -180,8 +180,9 @@ def bench_training(root: Path, steps: int) -> None:
               f"{'' if share < 2 else '  (over the 2 % target)'}")
     ref = store.read_rollouts(root, trainer.writer.run_id, step=steps - 1, columns=["image_ref"])["image_ref"][0]
     files = len(list(root.glob("runs/*/images/*.parquet")))
-    cold, _ = timed(lambda: (readers._images_cache.clear(), store.read_image(root, ref)), 3)
-    warm, _ = timed(lambda: store.read_image(root, ref), 7)
+    run_id = trainer.writer.run_id
+    cold, _ = timed(lambda: (readers._images_cache.clear(), store.read_image(root, run_id, ref)), 3)
+    warm, _ = timed(lambda: store.read_image(root, run_id, ref), 7)
     print(f"    read_image of a last-step prompt: {cold:.1f} ms cold (indexes {files} images files), "
           f"{warm:.1f} ms warm")
 

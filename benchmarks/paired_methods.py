@@ -99,7 +99,11 @@ def pruned_shares(store_dir: str) -> None:
     for run_id in sorted(runs.loc[runs["status"] == "finished", "run_id"]):
         rollouts = store.read_rollouts(store_dir, run_id)
         nonzero = rollouts["advantage"].abs() > 1e-6
-        lossy = rollouts["reason"].isin(LOSSY)
+        # a merged copy is recorded as DUPLICATE; it shares its class's fate: its representative (the first row of
+        # its step, prompt and text that is not a copy) holds the rule's reason
+        originals = rollouts["reason"].where(rollouts["reason"] != "DUPLICATE")
+        keys = [rollouts["step"], rollouts["prompt_id"], rollouts["completion"]]
+        lossy = originals.groupby(keys, sort=False).transform("first").isin(LOSSY)
         mass = rollouts["advantage"].abs()
         steps = store.read_steps(store_dir, run_id)
         rho = steps["row_cost"].groupby(steps["step"] // 10).mean().dropna() if "row_cost" in steps else []

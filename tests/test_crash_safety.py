@@ -23,8 +23,8 @@ from fastrl_core import checkpoints
 from fastrl_core.data.problems import DataError, load_problems
 from fastrl_core.run_config import load_config
 from fastrl_core.run_loop import run_interleaved
-from fastrl_core.store import (RunLocked, RunWriter, check_store, compact, damaged_files, layout, read_evals,
-                               read_groups, read_image, read_rollouts, read_runs, read_steps, run_state)
+from fastrl_core.store import (DamagedFile, RunLocked, RunWriter, check_store, compact, damaged_files, layout,
+                               read_evals, read_groups, read_image, read_rollouts, read_runs, read_steps, run_state)
 from fastrl_core.store.fake_runs import write_fake_run
 from fastrl_core.trainer import Trainer
 
@@ -228,8 +228,8 @@ def test_damaged_files_are_skipped_named_and_quarantined(tmp_path, capsys):
     assert read_steps(tmp_path, run_id)["step"].tolist() == [0, 2, 3, 4, 5]
     assert sorted(set(read_rollouts(tmp_path, run_id)["step"])) == [0, 3, 4, 5]
     assert sorted(set(read_groups(tmp_path, run_id)["step"])) == [0, 2, 4, 5]
-    with pytest.raises(FileNotFoundError):
-        read_image(tmp_path, image_ref)
+    with pytest.raises(DamagedFile, match=f"runs/{run_id}/images/step_000000.parquet"):
+        read_image(tmp_path, run_id, image_ref)  # its images file is junk: named, never served from elsewhere
     assert compact(tmp_path, run_id).exists()
     named = damaged_files(tmp_path)
     prefix = f"runs/{run_id}/"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl_core.store import RunWriter, read_groups, read_rollouts, read_steps, schema
+from fastrl_core.store import RunWriter, read_groups, read_rollouts, read_steps, read_tokens, schema
 from fastrl_core.store.fake_runs import prompt_png
 from fastrl_core.store.step_rows import StepRecord, group_stats, step_rows
 from fastrl_core.store.writer import image_key
@@ -153,13 +153,44 @@ def test_tokens_with_their_log_probs_are_stored_for_kept_and_pruned_rollouts(tmp
     decoded = []
     rows = step_rows(_result(token_ids=ids, token_mask=mask, token_logprobs=logprobs,
                              decode_token=lambda t: decoded.append(t) or {5: "a", 6: " b", 7: "\\boxed{"}[t]))
-    assert json.loads(rows.rollouts[0]["tokens"]) == [["a", -0.123], [" b", -2.0]]
-    assert json.loads(rows.rollouts[1]["tokens"]) == [["\\boxed{", -0.5]]  # a pruned rollout has its tokens too
+    def pairs(row):
+        return list(zip(row["token_text"].tolist(), row["token_logprob"].tolist()))
+
+    assert pairs(rows.rollouts[0]) == [("a", pytest.approx(-0.123)), (" b", -2.0)]  # rounded to 3 decimals
+    assert pairs(rows.rollouts[1]) == [("\\boxed{", -0.5)]  # a pruned rollout has its tokens too
     assert sorted(decoded) == [5, 6, 7]  # each token id decoded once per step
     writer = RunWriter(tmp_path, name="tokens", config={}, model="m", dataset="d", objective="grpo", pruner="fastrl",
                        budget="adaptive")
     rows.write_to(writer)
-    read = read_rollouts(tmp_path, writer.run_id, columns=["rollout_id", "tokens"])
-    assert json.loads(read["tokens"].iloc[2]) == [["a", -1.0], ["a", -1.0], [" b", -3.0]]
-    assert "tokens" not in read_rollouts(tmp_path, writer.run_id).columns  # not read unless asked for
-    assert "tokens" not in step_rows(_result()).rollouts[0]  # no tokens given: none recorded
+    assert read_tokens(tmp_path, writer.run_id, 0, "0-2") == [("a", -1.0), ("a", -1.0), (" b", -3.0)]
+    assert not {"token_text", "token_logprob"} & set(read_rollouts(tmp_path, writer.run_id).columns)  # not by default
+    assert "token_text" not in step_rows(_result()).rollouts[0]  # no tokens given: none recorded
+
+
+def test_a_merged_copy_is_recorded_as_duplicate_whatever_became_of_its_representative():
+    """The pruner gives a copy of a pruned row that row's reason (`prune_distinct`, pinned by the fastrl guard);
+    the store records every copy as DUPLICATE, so each row is kept, merged or pruned, as the split counts them."""
+    # rollouts 0, 1 are one class (0 kept, 1 its copy); 3, 4 one class whose representative 3 the rule pruned
+    rows = step_rows(_result(multiplicity=torch.tensor([2, 0, 1, 2, 0]), nominal_per_prompt=4,
+                             reasons=["KEPT", "DUPLICATE", "KEPT", "ZERO_ADVANTAGE", "ZERO_ADVANTAGE"]))
+    assert [r["reason"] for r in rows.rollouts] == ["KEPT", "DUPLICATE", "KEPT", "ZERO_ADVANTAGE", "DUPLICATE"]
+    assert sum(r["reason"] == "DUPLICATE" for r in rows.rollouts) == rows.step_row["rollouts_merged"] == 2
+    assert [r["reason"] for r in step_rows(_result()).rollouts] == _result().reasons  # nothing merged: as given
+
+
+def test_token_lists_are_checked_row_by_row(tmp_path):
+    writer = RunWriter(tmp_path, name="tokens", config={}, model="m", dataset="d", objective="grpo", pruner="fastrl",
+                       budget="adaptive")
+    rows = step_rows(_result())
+    bad = [dict(row, token_text=["a"], token_logprob=[-0.5]) for row in rows.rollouts]
+    bad[2]["token_logprob"] = [-0.5, -1.0]
+    with pytest.raises(ValueError, match="rollouts row 2: keys 'token_text' and 'token_logprob' must both be lists "
+                                         "of one length"):
+        writer.write_step(0, step_row=rows.step_row, groups=rows.groups, rollouts=bad, images=rows.images)
+    bad[2].update(token_text=["a", 7], token_logprob=[-0.5, -1.0])
+    with pytest.raises(ValueError, match="rollouts row 2: key 'token_text' must hold only strs, got int 7"):
+        writer.write_step(0, step_row=rows.step_row, groups=rows.groups, rollouts=bad, images=rows.images)
+    bad[2].update(token_text="ab")
+    with pytest.raises(ValueError, match="rollouts row 2: key 'token_text' must be a list of strs, got str"):
+        writer.write_step(0, step_row=rows.step_row, groups=rows.groups, rollouts=bad, images=rows.images)
+    assert read_steps(tmp_path, writer.run_id).empty  # nothing half-written

@@ -103,7 +103,7 @@ def test_round_trip_of_every_table(tmp_path):
 
     evals = store.read_evals(tmp_path, run_id)
     assert evals[["step", "split", "accuracy", "n", "greedy_length"]].values.tolist() == [[1, "test", 0.375, 256, 31.5]]
-    assert store.read_image(tmp_path, r0["image_ref"]) == PNG_A
+    assert store.read_image(tmp_path, run_id, r0["image_ref"]) == PNG_A
     assert store.read_budget_matrix(tmp_path, run_id).values.tolist() == [
         [0, "a", 3, 3], [0, "b", 2, 0], [1, "a", 3, 3], [1, "b", 2, 0]]
     assert store.latest_step(tmp_path, run_id) == 1
@@ -132,7 +132,7 @@ def test_images_are_stored_once_per_run_in_one_file_per_step(tmp_path):
     later["images"] = {}  # refs the run has stored are accepted without the bytes
     writer.write_step(2, **later)
     assert sorted(p.name for p in images.iterdir()) == ["step_000000.parquet"]
-    assert (store.read_image(tmp_path, REF_A), store.read_image(tmp_path, REF_B)) == (PNG_A, PNG_B)
+    assert (store.read_image(tmp_path, writer.run_id, REF_A), store.read_image(tmp_path, writer.run_id, REF_B)) == (PNG_A, PNG_B)
 
     png_c = prompt_png(2, size=16)  # re-writing step 0 with a new image keeps the ones later steps use
     rewrite = tiny_step()
@@ -140,7 +140,8 @@ def test_images_are_stored_once_per_run_in_one_file_per_step(tmp_path):
     rewrite["images"] = {store.image_key(png_c): png_c}
     writer.write_step(0, **rewrite)
     assert sorted(p.name for p in images.iterdir()) == ["step_000000.parquet"]
-    assert [store.read_image(tmp_path, store.image_key(png)) for png in (PNG_A, PNG_B, png_c)] == [PNG_A, PNG_B, png_c]
+    assert [store.read_image(tmp_path, writer.run_id, store.image_key(png))
+            for png in (PNG_A, PNG_B, png_c)] == [PNG_A, PNG_B, png_c]
     with layout.open_views(tmp_path) as con:  # the live view, for plain SQL
         assert con.sql("SELECT count(*), count(DISTINCT image_ref) FROM images").fetchall() == [(3, 3)]
 
@@ -153,7 +154,7 @@ def test_images_are_stored_once_per_run_in_one_file_per_step(tmp_path):
     store.RunWriter.resume(tmp_path, writer.run_id, from_step=0)  # dropping step 0 drops the images it stored
     assert not images.exists() or not any(images.iterdir())
     with pytest.raises(FileNotFoundError, match="no image"):
-        store.read_image(tmp_path, REF_A)
+        store.read_image(tmp_path, writer.run_id, REF_A)
 
 
 def test_empty_run_and_store_read_as_empty_frames(tmp_path):
@@ -332,9 +333,9 @@ def test_run_metadata_and_eval_and_projection_errors(tmp_path):
     with pytest.raises(ValueError, match="status 'done'"):
         writer.finish("done")
     with pytest.raises(ValueError, match="not an image key"):
-        store.read_image(tmp_path, "../../etc/passwd")
+        store.read_image(tmp_path, "fixed", "../../etc/passwd")
     with pytest.raises(FileNotFoundError, match="no image"):
-        store.read_image(tmp_path, "0" * 64)
+        store.read_image(tmp_path, "fixed", "0" * 64)
     with pytest.raises(ValueError, match="unknown column 'sketches'"):
         store.read_rollouts(tmp_path, "fixed", columns=["sketches"])
     with pytest.raises(ValueError, match="limit must be an int >= 0"):
@@ -528,3 +529,97 @@ def test_fake_steps_are_valid_for_many_shapes(tmp_path):
     groups = store.read_groups(tmp_path, writer.run_id)
     assert runs["rollouts_sampled"] == groups["sampled"].sum() and runs["rollouts_kept"] == groups["kept"].sum()
     assert os.path.getsize(tmp_path / "store.duckdb") > 0
+
+
+# ------------------------------------------------------------------------------- a real run's size (issue 45)
+def _rollouts_with_tokens(n: int) -> list[dict]:
+    rows = [rollout(f"r{i}", "a", 1.5, 0.7, True, [1.0, 0.0, 0.0]) for i in range(n)]
+    for i, row in enumerate(rows):
+        row.update(token_text=[f"t{i}", " x"], token_logprob=[-0.25, -float(i) / 1000])
+    return rows
+
+
+def test_one_rollouts_tokens_are_read_from_its_row_group_only(tmp_path, monkeypatch):
+    """A real step holds 512 rollouts of ~512 tokens: the token view reads the rollout ids, then the token lists of
+    the one row group (layout.ROLLOUT_ROW_GROUP rows) holding the rollout, never the whole step's."""
+    writer = new_writer(tmp_path)
+    n = 3 * layout.ROLLOUT_ROW_GROUP + 5
+    step = tiny_step()
+    step["rollouts"] = _rollouts_with_tokens(n)
+    step["groups"] = [{"prompt_id": "a", "reward_mean": 1.5, "reward_std": 0.0, "sampled": n, "kept": n}]
+    step["step_row"].update(rollouts_sampled=n, rollouts_kept=n)
+    writer.write_step(0, **step)
+    path = layout.step_file(tmp_path, writer.run_id, "rollouts", 0)
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(path).metadata.num_row_groups == 4
+    groups_read = []
+    original = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
+                        lambda self, i, **kw: groups_read.append((i, kw.get("columns"))) or original(self, i, **kw))
+    monkeypatch.setattr(pq, "read_table", lambda *a, **kw: pytest.fail("read a whole table"))
+    row = 2 * layout.ROLLOUT_ROW_GROUP + 7
+    assert store.read_tokens(tmp_path, writer.run_id, 0, f"r{row}") == [(f"t{row}", -0.25),
+                                                                        (" x", pytest.approx(-row / 1000))]
+    assert groups_read == [(2, ["token_text", "token_logprob"])]
+    assert store.read_tokens(tmp_path, writer.run_id, 0, "r0")[0] == ("t0", -0.25)
+    with pytest.raises(ValueError, match="has no rollout 'nope'"):
+        store.read_tokens(tmp_path, writer.run_id, 0, "nope")
+    with pytest.raises(ValueError, match="has no step 3"):
+        store.read_tokens(tmp_path, writer.run_id, 3, "r0")
+
+
+def test_tokens_of_a_store_written_before_the_token_lists_are_read_too(tmp_path):
+    """Stores written before 2026-12-07 keep tokens as JSON text in a `tokens` column; written without tokens: None."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = new_writer(tmp_path)
+    writer.write_step(0, **tiny_step())
+    path = layout.step_file(tmp_path, writer.run_id, "rollouts", 0)
+    assert store.read_tokens(tmp_path, writer.run_id, 0, "r1") is None
+    table = pq.read_table(path)
+    old = table.append_column("tokens", pa.array([None, json.dumps([["a", -0.5], ["b", -1.0]])] + [None] * 3))
+    pq.write_table(old.drop_columns(["token_text", "token_logprob"]), path)
+    assert store.read_tokens(tmp_path, writer.run_id, 0, "r1") == [("a", -0.5), ("b", -1.0)]
+    assert store.read_tokens(tmp_path, writer.run_id, 0, "r0") is None
+    path.write_bytes(b"junk" * 10)
+    with pytest.raises(store.DamagedFile, match=f"runs/{writer.run_id}/rollouts/step_000000.parquet"):
+        store.read_tokens(tmp_path, writer.run_id, 0, "r1")
+
+
+def test_an_image_is_read_from_its_own_runs_files_and_a_junk_one_is_named(tmp_path):
+    first, second = new_writer(tmp_path, name="first"), new_writer(tmp_path, name="second")
+    for writer in (first, second):
+        writer.write_step(0, **tiny_step())
+    images = layout.step_file(tmp_path, first.run_id, "images", 0)
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(images, columns=["image_ref"]).column(0).to_pylist() == sorted([REF_A, REF_B])
+    images.write_bytes(b"junk" * 100)
+    with pytest.raises(store.DamagedFile, match=f"runs/{first.run_id}/images/step_000000.parquet"):
+        store.read_image(tmp_path, first.run_id, REF_A)  # the same bytes are in `second`: not served from there
+    assert store.read_image(tmp_path, second.run_id, REF_A) == PNG_A
+    assert f"runs/{first.run_id}/images/step_000000.parquet" in store.damaged_files(tmp_path)
+
+
+def test_whole_run_reads_follow_a_step_moved_to_quarantine(tmp_path):
+    """read_steps, read_groups and read_reason_counts keep each step file's rows per process; a step that leaves
+    (quarantine) or arrives changes the run's version and the rows read, without re-reading the other steps."""
+    writer = new_writer(tmp_path)
+    for step in range(4):
+        writer.write_step(step, **tiny_step())
+    run_id = writer.run_id
+    version = store.run_version(tmp_path, run_id)
+    assert sorted(set(store.read_groups(tmp_path, run_id)["step"])) == [0, 1, 2, 3]
+    counts = store.read_reason_counts(tmp_path, run_id)
+    assert counts.to_dict("records") == [{"step": s, "reason": "zero_advantage", "count": 2} for s in range(4)]
+    damage = [store.check.Damage(f"runs/{run_id}/rollouts/step_000002.parquet", "truncated")]
+    store.quarantine(tmp_path, damage)
+    assert store.run_version(tmp_path, run_id) != version
+    assert store.read_steps(tmp_path, run_id)["step"].tolist() == [0, 1, 3]
+    assert sorted(set(store.read_groups(tmp_path, run_id)["step"])) == [0, 1, 3]
+    assert store.read_reason_counts(tmp_path, run_id)["step"].tolist() == [0, 1, 3]
+    writer.write_step(4, **tiny_step())
+    assert sorted(set(store.read_groups(tmp_path, run_id)["step"])) == [0, 1, 3, 4]
+    assert store.read_reason_counts(tmp_path, run_id)["step"].tolist() == [0, 1, 3, 4]

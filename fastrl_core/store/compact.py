@@ -64,7 +64,7 @@ def _rollouts_sql(store_dir: Path, run_id: str, steps: list[int], sketch_dim: in
             select.append(f"coalesce(p.{name}, r.{name}) AS {name}")
         else:
             select.append(f"r.{name}")
-    sql = f"SELECT {', '.join(select)} FROM read_parquet($rollouts, file_row_number=true) r"
+    sql = f"SELECT {', '.join(select)} FROM read_parquet($rollouts, file_row_number=true, union_by_name=true) r"
     params = {"rollouts": readers._files(store_dir, run_id, "rollouts", steps)}
     if proj_steps:
         sql += " LEFT JOIN read_parquet($proj) p ON p.step = r.step AND p.rollout_id = r.rollout_id"

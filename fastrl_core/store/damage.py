@@ -51,6 +51,27 @@ def step_vanished(path: str) -> bool:
     return not os.path.exists(path) and not steps_file.exists()
 
 
+class DamagedFile(OSError):
+    """A store file a read needs does not read (damaged, or missing while its step is visible); the message names
+    it, relative to the store, with why."""
+
+
+def damaged(store_dir: Path, path: str, error: BaseException) -> DamagedFile:
+    """Note `path` as damaged by `error` (its first line, or "missing") and return the DamagedFile to raise."""
+    missing = isinstance(error, FileNotFoundError)
+    problem = "missing" if missing else (" ".join(str(error).split())[:200] or type(error).__name__)
+    if not (missing and step_vanished(path)):
+        note_damaged(store_dir, path, problem)
+    return DamagedFile(f"{os.path.relpath(path, _store_key(store_dir))}: {problem}")
+
+
+def reason(store_dir: Path, path: str) -> str | None:
+    """Why `path` was noted damaged (None when it was not)."""
+    with _lock:
+        entry = _damaged.get(_store_key(store_dir), {}).get(path)
+    return None if entry is None else entry[1]
+
+
 def note_damaged(store_dir: Path, path: str, reason: str) -> None:
     """Note `path` as damaged (for `damaged_files`, and left out of reads until it changes)."""
     with _lock:

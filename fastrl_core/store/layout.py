@@ -14,7 +14,10 @@
     <store_dir>/runs/.schema/<table>/empty.parquet  zero-row files so the views bind before any step exists
 
 Every file is written under a temporary name and `os.replace`d, so a reader sees the old file, the new file or
-none, never a torn one (NOTES §3). A step is visible once its steps file exists; the writer writes it last.
+none, never a torn one (NOTES §3). Files are zstd-compressed Parquet; a rollouts file is written in row groups of
+ROLLOUT_ROW_GROUP rows and an images file sorted by image_ref in groups of IMAGE_ROW_GROUP, so one rollout's tokens
+or one image is read without the rest of its step (a real run's step: 512 rollouts, ~2 MB;
+benchmarks/bench_store_scale.py). A step is visible once its steps file exists; the writer writes it last.
 Every path the store keeps is relative to <store_dir> (the views too), so a copied or moved store reads its own
 files.
 """
@@ -130,13 +133,32 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")
 
 
-def write_parquet(table: pa.Table, path: Path) -> None:
-    """Write `table` to `path` atomically (temp file, then rename). Not fsynced: survives a killed process,
+ROLLOUT_ROW_GROUP = 64  # rows per row group of a rollouts file: one rollout's tokens are read with 63 others,
+#                        not with the whole step (read_tokens; benchmarks/bench_store_scale.py)
+IMAGE_ROW_GROUP = 8  # images per row group of an images file, sorted by image_ref: read_image reads 8, not all
+
+
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    """Columns whose values repeat: strings, lists of strings (token texts) and the token log-probs (rounded to 3
+    decimals). Other floats do not repeat: no dictionary for them (benchmarks/bench_store.py (a))."""
+    names = []
+    for field in schema:
+        if pa.types.is_string(field.type):
+            names.append(field.name)
+        elif pa.types.is_list(field.type) and (pa.types.is_string(field.type.value_type)
+                                               or field.name == "token_logprob"):
+            names.append(f"{field.name}.list.element")
+    return names
+
+
+def write_parquet(table: pa.Table, path: Path, *, row_group_size: int | None = None) -> None:
+    """Write `table` to `path` atomically (temp file, then rename), zstd-compressed, dictionary-encoded where
+    values repeat, in row groups of `row_group_size` rows (default: one). Not fsynced: survives a killed process,
     not a power cut. On an error (a full disk) the temp file is removed."""
     tmp = _tmp(path)
-    strings = [field.name for field in table.schema if pa.types.is_string(field.type)]  # floats don't repeat: no
     try:
-        pq.write_table(table, tmp, use_dictionary=strings)  # dictionary for them (benchmarks/bench_store.py (a))
+        pq.write_table(table, tmp, use_dictionary=_dictionary_columns(table.schema), row_group_size=row_group_size,
+                       compression="zstd")  # 14 % smaller than snappy on a real-size step, as fast
         os.replace(tmp, path)
     except BaseException as error:
         _discard(tmp, error)
@@ -206,6 +228,21 @@ def step_numbers(store_dir: Path, run_id: str, table: str) -> list[int]:
         return []
     with entries:
         return sorted(int(m.group(1)) for e in entries if (m := _STEP_FILE.fullmatch(e.name)))
+
+
+def file_step(path: str | Path) -> int:
+    """The step of a per-step file (`step_000123.parquet` -> 123)."""
+    return int(_STEP_FILE.fullmatch(Path(path).name).group(1))
+
+
+def run_version(store_dir: Path, run_id: str) -> tuple[int, int]:
+    """Changes whenever a step of the run appears, is re-written or disappears (quarantined, dropped by a resume):
+    (mtime in ns, number of entries) of its steps folder; (0, 0) before it exists. A cache key for readers."""
+    directory = run_dir(store_dir, run_id) / "steps"
+    try:
+        return os.stat(directory).st_mtime_ns, len(os.listdir(directory))
+    except FileNotFoundError:
+        return 0, 0
 
 
 def table_files(store_dir: Path, run_id: str, table: str) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Sequence
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fastrl_core.store import damage, layout, schema
@@ -94,29 +95,40 @@ def latest_step(store_dir: str | Path, run_id: str) -> int | None:
     return steps[-1] if steps else None
 
 
-_steps_cache: dict[str, tuple[dict[str, tuple[int, int, int]], pd.DataFrame]] = {}
+# (table, run dir) -> (stamps of the files read, their rows)
+_table_cache: dict[tuple[str, str], tuple[dict[str, tuple[int, int, int]], pd.DataFrame]] = {}
+
+
+def _cached_run_table(store_dir: Path, run_id: str, table: str, paths: list[str], read) -> pd.DataFrame:
+    """The rows of a per-step `table`'s files `paths` (one step each), read with `read(files)` (a frame with a step
+    column, in step order). A file never changes once written (a re-written step is a new file), so each process
+    keeps the rows it has read, keyed by each file's (inode, mtime, size): a new step costs its own file only, and
+    a step that disappears (quarantined, dropped by a resume) or changes loses its rows and is read again."""
+    stamps = _stamps(paths)
+    key = (table, str(layout.run_dir(store_dir, run_id).resolve()))
+    with _lock:
+        cached = _table_cache.get(key)
+    if cached is None:
+        frame, new = None, list(stamps)
+    else:
+        same = {path for path, stamp in cached[0].items() if stamps.get(path) == stamp}
+        frame = cached[1]
+        if len(same) < len(cached[0]):
+            frame = frame[frame["step"].isin([layout.file_step(path) for path in same])]
+        new = [path for path in stamps if path not in same]
+    if new or frame is None:
+        more = read(new)
+        frame = more if frame is None else pd.concat([frame, more], ignore_index=True) if len(more) else frame
+        frame = frame.sort_values("step", kind="stable", ignore_index=True)
+    with _lock:
+        _table_cache[key] = (stamps, frame)
+    return frame
 
 
 def _run_steps(store_dir: Path, run_id: str) -> pd.DataFrame:
-    """All visible steps rows of one run. Steps files never change once written (a re-written step is a new
-    file), so each process keeps the rows it has read, keyed by (path, inode, mtime, size), and reads only new
-    files: an app polling a live run pays for the new steps only."""
-    stamps = _stamps(layout.table_files(store_dir, run_id, "steps"))
-    key = str(layout.run_dir(store_dir, run_id).resolve())
-    with _lock:
-        cached = _steps_cache.get(key)
-    if cached is not None and all(stamps.get(path) == stamp for path, stamp in cached[0].items()):
-        new = [path for path in stamps if path not in cached[0]]
-        frame = cached[1]
-        if new:
-            more = _read_steps_files(store_dir, new)
-            if len(more):
-                frame = pd.concat([frame, more], ignore_index=True).sort_values("step", ignore_index=True)
-    else:
-        frame = _read_steps_files(store_dir, list(stamps))
-    with _lock:
-        _steps_cache[key] = (stamps, frame)
-    return frame
+    """All visible steps rows of one run (an app polling a live run pays for the new steps only)."""
+    return _cached_run_table(store_dir, run_id, "steps", layout.table_files(store_dir, run_id, "steps"),
+                             lambda files: _read_steps_files(store_dir, files))
 
 
 def _stamps(paths: list[str]) -> dict[str, tuple[int, int, int]]:
@@ -157,12 +169,17 @@ def read_groups(store_dir: str | Path, run_id: str, *, step: int | Sequence[int]
     files = _files(store_dir, run_id, "groups", _select_steps(store_dir, run_id, step))
 
     def read(files: list[str]) -> pd.DataFrame:
-        if not files:
-            return _empty(schema.STEP_KEY, schema.GROUPS)
-        return _query_df("SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true) "
-                         "ORDER BY step, file_row_number", {"files": files})
+        def query(files: list[str]) -> pd.DataFrame:
+            if not files:
+                return _empty(schema.STEP_KEY, schema.GROUPS)
+            return _query_df("SELECT * EXCLUDE (file_row_number) FROM read_parquet($files, file_row_number=true, "
+                             "union_by_name=true) ORDER BY step, file_row_number", {"files": files})
 
-    return damage.read_tolerant(store_dir, files, read)
+        return damage.read_tolerant(store_dir, files, query)
+
+    if step is not None:
+        return read(files)
+    return _cached_run_table(store_dir, run_id, "groups", files, read).copy()  # every step: kept per file
 
 
 def read_budget_matrix(store_dir: str | Path, run_id: str) -> pd.DataFrame:
@@ -170,8 +187,27 @@ def read_budget_matrix(store_dir: str | Path, run_id: str) -> pd.DataFrame:
     return read_groups(store_dir, run_id)[["step", "prompt_id", "sampled", "kept"]]
 
 
+@_retry_vanished
+def read_reason_counts(store_dir: str | Path, run_id: str) -> pd.DataFrame:
+    """Rollouts left out (not kept) per visible step and reason, for a chart of the whole run: columns step, reason
+    (as recorded, e.g. DUPLICATE), count; ordered by step, reason. Counted per step file and kept per process like
+    the steps rows, so a live run's new step costs its own file only."""
+    store_dir = Path(store_dir)
+    files = _files(store_dir, run_id, "rollouts", _select_steps(store_dir, run_id, None))
+
+    def query(files: list[str]) -> pd.DataFrame:
+        if not files:
+            return pd.DataFrame({"step": pd.Series([], dtype="int64"), "reason": pd.Series([], dtype=object),
+                                 "count": pd.Series([], dtype="int64")})
+        return _query_df("SELECT step, reason, count(*) AS count FROM read_parquet($files) WHERE NOT kept "
+                         "GROUP BY step, reason ORDER BY step, reason", {"files": files})
+
+    return _cached_run_table(store_dir, run_id, "reason_counts", files,
+                             lambda new: damage.read_tolerant(store_dir, new, query)).copy()
+
+
 ROLLOUT_COLUMNS = [c.name for c in schema.STEP_KEY + schema.ROLLOUTS]
-DEFAULT_ROLLOUT_COLUMNS = [c for c in ROLLOUT_COLUMNS if c not in ("sketch", "tokens")]
+DEFAULT_ROLLOUT_COLUMNS = [c for c in ROLLOUT_COLUMNS if c not in ("sketch", "token_text", "token_logprob")]
 
 
 def _check_limit(limit: int | None) -> None:
@@ -277,6 +313,39 @@ def read_sketches(store_dir: str | Path, run_id: str, *, steps: int | Sequence[i
     return meta, flat.astype(np.float32, copy=False).reshape(n, dim)
 
 
+def read_tokens(store_dir: str | Path, run_id: str, step: int, rollout_id: str) -> list[tuple[str, float]] | None:
+    """One rollout's completion tokens with their sampling log-probs [(text, logprob), ...], or None when the
+    store has none for it (written without them). Reads the step's rollout ids, then the tokens of the one row
+    group holding the rollout (`layout.ROLLOUT_ROW_GROUP` rows), never the whole step's. Also reads the JSON
+    `tokens` column of stores written before 2026-12-07. ValueError for a step that is not visible or a rollout
+    it does not have; `damage.DamagedFile` naming the file when the step's rollouts file does not read."""
+    store_dir = Path(store_dir)
+    if int(step) not in _select_steps(store_dir, run_id, int(step)):
+        raise ValueError(f"run {run_id!r} has no step {step}")
+    path = str(layout.step_file(store_dir, run_id, "rollouts", int(step)))
+    try:
+        parquet = pq.ParquetFile(path)
+        names = parquet.schema_arrow.names
+        columns = ["token_text", "token_logprob"] if "token_text" in names else ["tokens"] if "tokens" in names else []
+        ids = parquet.read(columns=["rollout_id"]).column(0).to_pylist()
+        if rollout_id not in ids:
+            raise ValueError(f"step {step} of run {run_id!r} has no rollout {rollout_id!r}")
+        if not columns:
+            return None
+        row, group = ids.index(rollout_id), 0
+        while row >= parquet.metadata.row_group(group).num_rows:
+            row -= parquet.metadata.row_group(group).num_rows
+            group += 1
+        values = parquet.read_row_group(group, columns=columns).slice(row, 1).to_pylist()[0]
+    except (OSError, pa.ArrowException) as error:
+        raise damage.damaged(store_dir, path, error) from None
+    if columns == ["tokens"]:
+        return None if values["tokens"] is None else [(text, float(lp)) for text, lp in json.loads(values["tokens"])]
+    if values["token_text"] is None:
+        return None
+    return [(text, float(lp)) for text, lp in zip(values["token_text"], values["token_logprob"])]
+
+
 @_retry_vanished
 def read_evals(store_dir: str | Path, run_ids: Sequence[str] | str) -> pd.DataFrame:
     """Evaluation rows of one or several runs, ordered by run_id, step, split."""
@@ -293,41 +362,55 @@ def read_evals(store_dir: str | Path, run_ids: Sequence[str] | str) -> pd.DataFr
 
 
 @_retry_vanished
-def read_image(store_dir: str | Path, image_ref: str) -> bytes:
-    """PNG bytes of an image by its key (a rollout's image_ref), from whichever run of the store stored it."""
+def read_image(store_dir: str | Path, run_id: str, image_ref: str) -> bytes:
+    """PNG bytes of an image by its key (a rollout's image_ref), from the images files of the run that used it
+    (each run stores every image it uses; another run's copy is never served in its place). FileNotFoundError
+    when the run has no such image; `damage.DamagedFile` naming the run's images files that do not read, when the
+    image is not in the readable ones."""
     layout.check_image_ref(image_ref)
+    store_dir = Path(store_dir)
+    _run_ids(store_dir, run_id)
     for _ in range(2):  # a second pass after the index dropped a file that a resumed run removed
-        path = _image_index(Path(store_dir), image_ref)
+        path = _image_index(store_dir, run_id, image_ref)
         if path is None:
             break
-        try:
+        try:  # sorted refs in small row groups (writer): the filter reads one row group
             table = pq.read_table(path, columns=["image_ref", "png"], filters=[("image_ref", "==", image_ref)])
         except FileNotFoundError:
             if not damage.step_vanished(path):
-                damage.sort_out(Path(store_dir), [path])
+                damage.sort_out(store_dir, [path])
             with _lock:
-                _images_cache.get(str(Path(store_dir).resolve()), {}).pop(path, None)
+                _images_cache.get((str(store_dir.resolve()), run_id), {}).pop(path, None)
             continue  # a resumed run removed it: look again
+        except (OSError, pa.ArrowException) as error:
+            raise damage.damaged(store_dir, path, error) from None
         if table.num_rows:
             return table.column(1)[0].as_py()
-    raise FileNotFoundError(f"no image {image_ref} in store {store_dir}")
+    unreadable = [path for path in layout.table_files(store_dir, run_id, "images")
+                  if damage.known_damaged(store_dir, path)]
+    if unreadable:
+        raise damage.DamagedFile(
+            f"image {image_ref[:12]}… of run {run_id} is in none of its readable images files; "
+            + ", ".join(f"{os.path.relpath(p, store_dir)} ({damage.reason(store_dir, p)})" for p in unreadable)
+            + " do not read")
+    raise FileNotFoundError(f"no image {image_ref} in run {run_id} of store {store_dir}")
 
 
-_images_cache: dict[str, dict[str, tuple[tuple[int, int, int], list[str]]]] = {}  # store -> {file: (stamp, refs)}
+# (store, run) -> {images file: (stamp, refs)}
+_images_cache: dict[tuple[str, str], dict[str, tuple[tuple[int, int, int], list[str]]]] = {}
 
 
-def _image_index(store_dir: Path, image_ref: str) -> str | None:
-    """The images file holding `image_ref`. Each process keeps the refs of the images files it has read, keyed by
-    (inode, mtime, size) like the steps rows, and on a miss reads only new or changed files (an images file
-    grows when its step is re-written)."""
-    key = str(store_dir.resolve())
+def _image_index(store_dir: Path, run_id: str, image_ref: str) -> str | None:
+    """The images file of `run_id` holding `image_ref`. Each process keeps the refs of the images files it has
+    read, keyed by (inode, mtime, size) like the steps rows, and on a miss reads only new or changed files (an
+    images file grows when its step is re-written)."""
+    key = (str(store_dir.resolve()), run_id)
     with _lock:
         known = dict(_images_cache.get(key, {}))
     for path, (_, refs) in known.items():
         if image_ref in refs:
             return path
-    stamps = _stamps([path for run_id in layout.list_runs(store_dir)
-                      for path in layout.table_files(store_dir, run_id, "images")])
+    stamps = _stamps(layout.table_files(store_dir, run_id, "images"))
     known = {path: entry for path, entry in known.items() if stamps.get(path) == entry[0]}
     new = [path for path in stamps if path not in known]
     if new:  # one query for all new files, not one read each
@@ -388,13 +471,14 @@ def run_states(store_dir: str | Path, *, now: float | None = None) -> dict[str, 
 
 
 @_retry_vanished
-def read_runs(store_dir: str | Path) -> pd.DataFrame:
+def read_runs(store_dir: str | Path, *, totals: bool = True) -> pd.DataFrame:
     """One row per run: the runs columns plus headline metrics — last_step, steps, wall_time (s, of the last
     step), rollouts sampled/kept totals, kept_fraction, train_accuracy (last step), best/last eval accuracy on
     eval_split ("test" when the run has it, else its first split alphabetically), last_write (time of the last
     steps file), heartbeat (the writer's last sign of life) and state (`run_state`: the status, or "no heartbeat"
     for a "running" run whose writer died without a word). A run whose run.json is damaged is left out (noted in
-    damaged_files)."""
+    damaged_files). `totals=False`: last_step and steps from the steps folders' listing and no other headline
+    (none of the runs' step or eval files is read: a page about one run needs only the list)."""
     store_dir = Path(store_dir)
     names = [c.name for c in schema.RUNS] + RUN_SUMMARY_COLUMNS
     rows, now = [], time.time()
@@ -415,14 +499,20 @@ def read_runs(store_dir: str | Path) -> pd.DataFrame:
         heartbeat = _heartbeat(store_dir, run_id)
         row |= {"heartbeat": None if heartbeat is None else pd.Timestamp(heartbeat, unit="s", tz="UTC"),
                 "state": run_state(str(meta.get("status")), heartbeat, now)}
-        rows.append(row | _step_totals(store_dir, run_id))
+        if totals:
+            row |= _step_totals(store_dir, run_id)
+        else:
+            listed = layout.step_numbers(store_dir, run_id, "steps")
+            row |= {"steps": len(listed), "last_step": listed[-1] if listed else None}
+        rows.append(row)
     if not rows:
         return pd.DataFrame({name: [] for name in names})
     runs = pd.DataFrame(rows)
     run_ids = runs["run_id"].tolist()
     runs["started"] = pd.to_datetime(runs["started"], utc=True, format="ISO8601")
     runs["finished"] = pd.to_datetime(runs["finished"], utc=True, format="ISO8601")
-    runs = runs.merge(_eval_headlines(store_dir, run_ids), on="run_id", how="left")
+    if totals:
+        runs = runs.merge(_eval_headlines(store_dir, run_ids), on="run_id", how="left")
     return runs.reindex(columns=names)
 
 

@@ -30,6 +30,10 @@ def _c(name: str, type_: pa.DataType, nullable: bool = False, required: bool = T
 
 STR, INT, FLOAT, BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 SKETCH = pa.list_(pa.float32())  # FLOAT[D] per rollout; stored as a list (Parquet has no fixed-size list)
+TOKEN_TEXT = pa.list_(pa.string())  # one rollout's completion tokens, each as its text
+TOKEN_LOGPROB = pa.list_(pa.float32())  # their sampling log-probs, one per token
+TOKEN_LISTS = {"token_text": ((str,), "str"),  # list columns by name (TOKEN_LOGPROB is SKETCH's type)
+               "token_logprob": ((int, float, np.integer, np.floating), "number")}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 RUN_KEY = [_c("run_id", STR)]
@@ -97,9 +101,11 @@ ROLLOUTS = [
     _c("weight", FLOAT, nullable=True),  # loss weight of a kept rollout (e.g. importance reweighting)
     _c("length", INT, nullable=True),  # completion tokens
     _c("sketch", SKETCH, nullable=True),  # gradient sketch, (D,) float32
-    # completion tokens with their sampling log-probs, JSON [[token, logprob], ...] (store.step_rows); not read by
-    # default (read_rollouts(columns=[..., "tokens"])): stores written before 2026-12-06 have no such column
-    _c("tokens", STR, nullable=True, required=False),
+    # the completion's tokens (each as its text) and their sampling log-probs, one list each, equally long
+    # (store.step_rows); not read by default: `read_tokens` reads one rollout's. Stores written before 2026-12-07
+    # hold them as JSON text in a `tokens` column instead, which read_tokens reads too.
+    _c("token_text", TOKEN_TEXT, nullable=True, required=False),
+    _c("token_logprob", TOKEN_LOGPROB, nullable=True, required=False),
     _c("proj_x", FLOAT, nullable=True, required=False),  # 2-D map coordinates; usually set later by set_projection
     _c("proj_y", FLOAT, nullable=True, required=False),
 ]
@@ -194,7 +200,9 @@ def validate_rows(table: str, rows: list[dict], columns: list[Column], *, extra_
             i = next((i for i, row in enumerate(rows) if column.name in row and row[column.name] is None), None)
             if i is not None:
                 raise ValueError(f"{table} row {i}: key {column.name!r} must not be None")
-        if column.type == SKETCH:
+        if column.name in TOKEN_LISTS:
+            _check_lists(table, column_values, column)
+        elif column.type == SKETCH:
             column_values = _sketch_matrix(table, column_values, column.name)
         elif not all(t is type(None) or _accepts(column.type, t) for t in types):
             i, value = next((i, v) for i, v in enumerate(column_values)
@@ -233,6 +241,37 @@ def _sketch_matrix(table: str, sketches: list, key: str) -> np.ndarray | None:
     return np.stack(vectors)  # (n, D)
 
 
+def _check_lists(table: str, values: list, column: Column) -> None:
+    """A token list column: each value None or a list, tuple or 1-D array (its items are checked when the column
+    is converted, `_list_array`)."""
+    for i, value in enumerate(values):
+        if value is not None and not (isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray)
+                                                                            and value.ndim == 1)):
+            raise ValueError(f"{table} row {i}: key {column.name!r} must be a list of "
+                             f"{TOKEN_LISTS[column.name][1]}s, got {type(value).__name__}")
+
+
+def _list_array(values: list, field: pa.Field, table: str) -> pa.Array:
+    """A list column (one list or None per row) as one Arrow ListArray built from the rows' concatenation."""
+    lengths = np.array([0 if v is None else len(v) for v in values], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    item = field.type.value_type
+    dtype = np.float32 if item == pa.float32() else object
+    try:
+        parts = [np.asarray(v, dtype=dtype) for v in values if v is not None and len(v)]
+        items = pa.array(np.concatenate(parts) if parts else np.array([], dtype=dtype), item)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        accepted, what = TOKEN_LISTS[field.name]
+        for i, value in enumerate(values):
+            for item_value in [] if value is None else value:
+                if not isinstance(item_value, accepted) or isinstance(item_value, (bool, np.bool_)):
+                    raise ValueError(f"{table} row {i}: key {field.name!r} must hold only {what}s, got "
+                                     f"{type(item_value).__name__} {item_value!r:.60}") from None
+        raise
+    mask = pa.array([v is None for v in values], pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets), items, mask=mask)
+
+
 def _scalar_array(column: list, field: pa.Field) -> pa.Array:
     try:
         return pa.array(column, field.type)
@@ -242,7 +281,8 @@ def _scalar_array(column: list, field: pa.Field) -> pa.Array:
         return pa.array([None if v is None else float(v) for v in column], field.type)  # an int beyond 2**53
 
 
-def to_arrow(key_values: dict, values: dict, key: list[Column], columns: list[Column], n: int) -> pa.Table:
+def to_arrow(key_values: dict, values: dict, key: list[Column], columns: list[Column], n: int,
+             table: str = "rows") -> pa.Table:
     """Build a table file's Arrow table from validated `values` (see validate_rows) and constant key values."""
     declared = {c.name for c in columns}
     extra = {name: extra_type(column) for name, column in values.items() if name not in declared}
@@ -251,6 +291,8 @@ def to_arrow(key_values: dict, values: dict, key: list[Column], columns: list[Co
     for field in schema:
         if field.name in key_values:
             arrays.append(pa.array([key_values[field.name]] * n, field.type))
+        elif field.name in TOKEN_LISTS:
+            arrays.append(_list_array(values[field.name], field, table))
         elif field.type == SKETCH:
             matrix = values[field.name]
             if matrix is None:

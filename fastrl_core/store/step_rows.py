@@ -13,14 +13,20 @@ Definitions (one place each):
   rewards. `accuracy`: mean of the accuracy rewards given (NaN without any). `format_rate`: mean format reward
   (only when format rewards are given).
 - a rollout's recorded `weight` is its loss weight when kept and 0 when pruned.
+- a merged copy's recorded `reason` is DUPLICATE, whatever the pruner decided about its representative (the pruner
+  gives a copy of a pruned row that row's reason, `algo.duplicates.prune_distinct`): in every run a row is kept,
+  merged (reason DUPLICATE) or pruned by the rule, the three parts the split below counts. Its representative's row
+  holds the rule's reason for the whole class.
 - the split of a step's rollouts (`fastrl_core.savings.rollout_split` reads it), given `nominal_per_prompt` n (the
   fixed budget's count, what plain GRPO samples per prompt): `rollouts_nominal` = G·n; `rollouts_skipped` = G·n − N,
   what the budget did not sample; `rollouts_merged`: copies of an identical completion of their group (multiplicity
   0: every method that merges duplicates skips them, whatever the pruner decided about their representative);
   `rollouts_pruned` = N − kept − merged, distinct rollouts the pruner's own rule dropped. Per group `merged`.
-- a rollout's `tokens` (with token_ids, token_mask, token_logprobs and decode_token given): its completion tokens and
-  their sampling log-probs as compact JSON text, [[token, logprob rounded to 3 decimals], ...], for kept and pruned
-  rollouts alike (the Rollouts page's token view); None otherwise.
+- a rollout's `token_text` and `token_logprob` (with token_ids, token_mask, token_logprobs and decode_token given):
+  its completion tokens, each decoded alone (once per distinct id and step), and their sampling log-probs rounded
+  to 3 decimals, for kept and pruned rollouts alike (the Rollouts page's token view); absent otherwise. Built from
+  the (N, T) arrays at once, not token by token: 512 rollouts of ~512 tokens take ~0.06 s
+  (benchmarks/bench_store_scale.py).
 """
 
 from __future__ import annotations
@@ -110,7 +116,7 @@ class StepRecord:
     nominal_per_prompt: int | None = None  # n of the fixed budget (config rollouts_per_prompt); None: no split
     token_ids: Any | None = None  # (N, T) completion token ids, right-padded; with token_mask, token_logprobs and
     token_mask: Any | None = None  # (N, T) bool                               decode_token: each rollout's
-    token_logprobs: Any | None = None  # (N, T) behaviour log-probs            `tokens` row (module docstring)
+    token_logprobs: Any | None = None  # (N, T) behaviour log-probs            `token_text` and `token_logprob`
     decode_token: Any | None = None  # (int) -> str: one token's text
 
 
@@ -185,14 +191,14 @@ def step_rows(record: StepRecord, *, log_rollouts: bool = True) -> StepTables:
               for prompt_id, mean, std, s, k, m in zip(record.prompt_ids, stats.reward_mean.tolist(),
                                                        stats.reward_std.tolist(), stats.sampled.tolist(),
                                                        stats.kept.tolist(), merged.tolist())]
-    rollouts = _rollout_rows(record, rewards, keep) if log_rollouts else []
+    rollouts = _rollout_rows(record, rewards, keep, copies) if log_rollouts else []
     if rollouts and record.decode_token is not None:
-        for row, text in zip(rollouts, token_texts(record)):
-            row["tokens"] = text
+        for row, (texts, logprobs) in zip(rollouts, token_lists(record)):
+            row["token_text"], row["token_logprob"] = texts, logprobs
     return StepTables(int(record.step), step_row, groups, rollouts, dict(record.images), stats)
 
 
-def _rollout_rows(record: StepRecord, rewards: np.ndarray, keep: np.ndarray) -> list[dict]:
+def _rollout_rows(record: StepRecord, rewards: np.ndarray, keep: np.ndarray, copies: np.ndarray) -> list[dict]:
     """One row per rollout; plain lists first (indexing an array once per value is slow)."""
     group = _numpy(record.group_index, np.int64).reshape(-1).tolist()
     lengths = _numpy(record.lengths, np.int64).reshape(-1).tolist()
@@ -205,34 +211,31 @@ def _rollout_rows(record: StepRecord, rewards: np.ndarray, keep: np.ndarray) -> 
     accuracy = ([None if a is None else float(a) for a in record.accuracy_rewards]
                 if record.accuracy_rewards is not None else [None] * len(reward))
     sketches = _numpy(record.sketches, np.float32) if record.sketches is not None else None  # rows are views
+    reasons = ["DUPLICATE" if copy else reason for reason, copy in zip(record.reasons, copies.tolist())]
     prefix = f"{int(record.step)}-"
     return [{
         "rollout_id": f"{prefix}{i}", "prompt_id": record.prompt_ids[g], "image_ref": record.image_refs[g],
         "question": record.questions[g], "answer": record.answers[g], "completion": record.completions[i],
         "reward": reward[i], "format_reward": formats[i], "accuracy_reward": accuracy[i],
-        "advantage": advantages[i], "kept": kept[i], "reason": record.reasons[i], "score": scores[i],
+        "advantage": advantages[i], "kept": kept[i], "reason": reasons[i], "score": scores[i],
         "weight": weights[i], "length": lengths[i], "sketch": sketches[i] if sketches is not None else None,
     } for i, g in enumerate(group)]
 
 
-def token_texts(record: StepRecord) -> list[str]:
-    """Each rollout's completion tokens with their log-probs as JSON text (module docstring); (N,) strings."""
-    import json
-
+def token_lists(record: StepRecord) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each rollout's (token texts (T_i,) object array, sampling log-probs (T_i,) float32 rounded to 3 decimals) over
+    its masked positions (module docstring); views into two flat arrays."""
     ids = _numpy(record.token_ids, np.int64)
     mask = _numpy(record.token_mask, bool)
     logprobs = _numpy(record.token_logprobs, np.float64)
-    if not ids.shape == mask.shape == logprobs.shape:
+    if not ids.shape == mask.shape == logprobs.shape or ids.ndim != 2:
         raise ValueError(f"StepRecord: token_ids {ids.shape}, token_mask {mask.shape} and token_logprobs "
                          f"{logprobs.shape} must have one (N, T) shape")
-    text: dict[int, str] = {}
-    out = []
-    for row_ids, row_mask, row_lp in zip(ids.tolist(), mask.tolist(), logprobs.tolist()):
-        pairs = []
-        for token, on, lp in zip(row_ids, row_mask, row_lp):
-            if on:
-                if token not in text:
-                    text[token] = record.decode_token(token)
-                pairs.append([text[token], round(lp, 3)])
-        out.append(json.dumps(pairs, ensure_ascii=False, separators=(",", ":")))
-    return out
+    distinct, inverse = np.unique(ids[mask], return_inverse=True)  # row-major: rollout by rollout
+    decoded = np.empty(distinct.size, dtype=object)
+    decoded[:] = [record.decode_token(int(token)) for token in distinct]
+    texts = decoded[inverse]
+    values = np.round(logprobs[mask], 3).astype(np.float32)
+    ends = np.cumsum(mask.sum(1))
+    starts = ends - mask.sum(1)
+    return [(texts[a:b], values[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]

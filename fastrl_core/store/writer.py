@@ -39,6 +39,10 @@ def default_code_version() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else __version__
 
 
+def _length(values) -> str:
+    return "None" if values is None else f"{len(values)} items"
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
@@ -214,7 +218,8 @@ class RunWriter:
 
         key = {"run_id": self.run_id, "step": step}
         tables = {
-            "rollouts": schema.to_arrow(key, rollout_values, schema.STEP_KEY, schema.ROLLOUTS, len(rollouts)),
+            "rollouts": schema.to_arrow(key, rollout_values, schema.STEP_KEY, schema.ROLLOUTS, len(rollouts),
+                                        "rollouts"),
             "groups": schema.to_arrow(key, group_values, schema.STEP_KEY, schema.GROUPS, len(groups)),
             "steps": schema.to_arrow(key, step_values, schema.STEP_KEY, schema.STEPS, 1),
         }
@@ -227,7 +232,8 @@ class RunWriter:
         layout.step_file(self.store_dir, self.run_id, "steps", step).unlink(missing_ok=True)
         layout.step_file(self.store_dir, self.run_id, "proj", step).unlink(missing_ok=True)
         for table in ("rollouts", "groups", "steps"):  # steps last: it makes the step visible
-            layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step))
+            layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step),
+                                 row_group_size=layout.ROLLOUT_ROW_GROUP if table == "rollouts" else None)
             faults.reach(f"step.{table}_written" if table != "steps" else "step.written")
 
     def _write_images(self, step: int, images: dict[str, bytes]) -> None:
@@ -235,13 +241,15 @@ class RunWriter:
         in each first-epoch step of the embedded default). Re-writing a step keeps the images its old file had:
         later steps may use them."""
         path = layout.step_file(self.store_dir, self.run_id, "images", step)
-        refs, pngs = list(images), list(images.values())
+        images = dict(images)
         if path.exists():
             old = pq.read_table(path, columns=["image_ref", "png"])
-            refs, pngs = old.column(0).to_pylist() + refs, old.column(1).to_pylist() + pngs
-        table = schema.to_arrow({"run_id": self.run_id, "step": step}, {"image_ref": refs, "png": pngs},
+            images = dict(zip(old.column(0).to_pylist(), old.column(1).to_pylist())) | images
+        refs = sorted(images)  # sorted, in small row groups: read_image's filter skips the others by their min/max
+        table = schema.to_arrow({"run_id": self.run_id, "step": step},
+                                {"image_ref": refs, "png": [images[ref] for ref in refs]},
                                 schema.STEP_KEY, schema.IMAGES, len(refs))
-        layout.write_parquet(table, path)
+        layout.write_parquet(table, path, row_group_size=layout.IMAGE_ROW_GROUP)
         self._stored_images.update(images)
 
     def _check_images(self, images: dict) -> None:
@@ -266,6 +274,10 @@ class RunWriter:
             raise ValueError(f"steps row 0: rollouts_sampled={step_row['rollouts_sampled']} but {n} rollouts given")
         if len(set(rollouts["rollout_id"])) != n:
             raise ValueError("rollouts: rollout_id values must be unique within a step")
+        for i, (text, logprob) in enumerate(zip(rollouts["token_text"], rollouts["token_logprob"])):
+            if (text is None) != (logprob is None) or (text is not None and len(text) != len(logprob)):
+                raise ValueError(f"rollouts row {i}: keys 'token_text' and 'token_logprob' must both be lists of one "
+                                 f"length, or both None; got {_length(text)} and {_length(logprob)}")
         per_prompt: dict[str, list[int]] = {}
         for prompt_id, is_kept in zip(rollouts["prompt_id"], rollouts["kept"]):
             counts = per_prompt.setdefault(prompt_id, [0, 0])

@@ -258,6 +258,20 @@ def run_labels(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run_id", "method", "seed", "objective", "is_baseline"])
 
 
+def one_run_per_seed(labels: pd.DataFrame, started: pd.Series) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows of `labels` (run_labels) keeping one run per method and seed, the newest by `started` (run_id ->
+    start time); the rows left out, with `counted`: the run counted in their place). A seed counts once in a
+    method's mean, interval and band however many runs it has (the demo run twice into one store): runs of one seed
+    are not independent draws."""
+    newest = labels.assign(started=labels["run_id"].map(started)).sort_values("started", kind="stable")
+    newest = newest.drop_duplicates(["method", "seed"], keep="last")
+    kept = labels[labels["run_id"].isin(newest["run_id"])]
+    counted = newest.set_index(["method", "seed"])["run_id"]
+    left_out = labels[~labels["run_id"].isin(newest["run_id"])]
+    left_out = left_out.assign(counted=[counted[(m, s)] for m, s in zip(left_out["method"], left_out["seed"])])
+    return kept, left_out
+
+
 def common_horizon(curves: dict[str, pd.DataFrame]) -> float:
     """The shortest run's training seconds at its last evaluation: every curve is observed up to it."""
     ends = [float(c["wall_time"].max()) for c in curves.values() if len(c)]

@@ -286,3 +286,15 @@ def test_passes_after_pruning_names_only_the_passes_that_ran():
         == ["old log-prob pass", "update"]
     none = pd.DataFrame({"time_logprob": [0.0, None], "time_update": [1.0, 1.0]})
     assert savings.passes_after_pruning(none, {"objective_args": {"beta": 0.01}}) == ["update"]
+
+
+def test_a_seed_counts_once_however_many_runs_it_has():
+    """Two runs of GRPO seed 0 (the demo run twice into one store) are one seed: the newest is counted."""
+    labels = pd.DataFrame({"run_id": ["g0-old", "g0-new", "g1", "f0"], "method": ["grpo", "grpo", "grpo", "fastrl"],
+                           "seed": [0, 0, 1, 0], "objective": "grpo", "is_baseline": [True, True, True, False]})
+    started = pd.Series(pd.to_datetime(["2026-12-01", "2026-12-02", "2026-11-30", "2026-12-01"], utc=True),
+                        index=["g0-old", "g0-new", "g1", "f0"])
+    kept, left_out = metrics.one_run_per_seed(labels, started)
+    assert kept["run_id"].tolist() == ["g0-new", "g1", "f0"]  # in the order given
+    assert left_out[["run_id", "counted"]].values.tolist() == [["g0-old", "g0-new"]]
+    assert metrics.one_run_per_seed(kept, started)[1].empty

@@ -5,6 +5,8 @@ in `fastrl_core.metrics`, which the bench and the README use too; this module on
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -67,28 +69,81 @@ def phases_long(frame: pd.DataFrame, label: str, phases: tuple[str, ...], kind: 
     return pd.DataFrame(rows, columns=[label, "phase", "seconds"])
 
 
-def reason_counts(rollouts: pd.DataFrame) -> pd.DataFrame:
-    """Pruned rollouts per step and reason: columns step, reason, count (kept rollouts left out)."""
-    pruned = rollouts.loc[~rollouts["kept"].astype(bool)]
-    counts = pruned.groupby(["step", "reason"], dropna=False).size().rename("count").reset_index()
-    counts["reason"] = counts["reason"].map(reason_label)
-    return counts
+def reason_labels(counts: pd.DataFrame) -> pd.DataFrame:
+    """read_reason_counts rows with each reason as its label (`reason_label`), for the chart."""
+    return counts.assign(reason=counts["reason"].map(reason_label))
 
 
-def budget_heatmap(matrix: pd.DataFrame, max_prompts: int | None = None, value: str = "sampled") -> pd.DataFrame:
+def budget_heatmap(matrix: pd.DataFrame, max_prompts: int | None = None, value: str = "sampled", *,
+                   prompts: list[str] | None = None, bin_steps: int = 1) -> pd.DataFrame:
     """`value` (rollouts sampled, or kept) per prompt (rows) and step (columns: every step of the run, not only the
-    first ones); NaN = prompt not drawn that step. Every prompt, or the `max_prompts` drawn most often. Rows are
-    ordered by the step at which each prompt was first drawn."""
+    first ones); NaN = prompt not drawn that step. Every prompt, or `prompts`, or the `max_prompts` drawn most
+    often. Rows are ordered by the step at which each prompt was first drawn. With `bin_steps` = w > 1 a column is
+    w steps (labelled by its first) and a cell sums the prompt's visits in them (NaN: none)."""
     if matrix.empty:
         return pd.DataFrame()
     counts = matrix.groupby("prompt_id")["step"].agg(["size", "min"])
     chosen = counts.sort_values(["size", "min"], ascending=[False, True])
+    if prompts is not None:
+        chosen = chosen.loc[[p for p in prompts if p in chosen.index]]
     if max_prompts is not None:
         chosen = chosen.head(max_prompts)
-    table = matrix[matrix["prompt_id"].isin(chosen.index)].pivot_table(
-        index="prompt_id", columns="step", values=value, aggfunc="sum")
-    every_step = range(int(matrix["step"].min()), int(matrix["step"].max()) + 1)
-    return table.reindex(columns=list(every_step)).loc[chosen.sort_values("min", kind="stable").index]
+    first, last = int(matrix["step"].min()), int(matrix["step"].max())
+    rows = matrix[matrix["prompt_id"].isin(chosen.index)]
+    rows = rows.assign(column=first + (rows["step"] - first) // bin_steps * bin_steps)
+    table = rows.pivot_table(index="prompt_id", columns="column", values=value, aggfunc="sum")
+    table.columns.name = "step"
+    return table.reindex(columns=list(range(first, last + 1, bin_steps))).loc[
+        chosen.sort_values("min", kind="stable").index]
+
+
+def heatmap_prompts(matrix: pd.DataFrame) -> list[str]:
+    """Every prompt of the budget matrix in the heatmap's row order: by the step it was first drawn."""
+    return matrix.groupby("prompt_id")["step"].min().sort_values(kind="stable").index.tolist()
+
+
+def map_steps(steps: pd.DataFrame, max_points: int) -> list[int]:
+    """The steps of `steps` (rows with step and rollouts_sampled) whose rollouts a map of at most `max_points` points
+    shows: all of them when they fit, else evenly spaced steps, every rollout of each (a sample of whole steps, so a
+    group's rollouts stay together)."""
+    ids, sampled = steps["step"].astype(int).tolist(), steps["rollouts_sampled"].astype(int)
+    if sampled.sum() <= max_points or len(ids) <= 1:
+        return ids
+    count = max(1, min(len(ids), int(max_points // max(1.0, float(sampled.mean())))))
+    return [ids[i] for i in sorted(set(np.linspace(0, len(ids) - 1, count).round().astype(int).tolist()))]
+
+
+def step_range(asked: str | None, step_ids: list[int]) -> tuple[int, int] | None:
+    """A link's ?steps=a-b as (a, b) when both are steps of the run and a <= b, else None."""
+    match = re.fullmatch(r"(\d+)-(\d+)", asked or "")
+    if not match:
+        return None
+    low, high = int(match[1]), int(match[2])
+    return (low, high) if low in step_ids and high in step_ids and low <= high else None
+
+
+def default_run(runs: pd.DataFrame, states: list[str]) -> str:
+    """The run a page opens on when no link or earlier choice names one: the one the dashboard is about, a FastRL run
+    (pruner fastrl), else any run that prunes or budgets (not plain GRPO), else any; among those a running one
+    first, then the newest (`runs` newest first; `states` their run_status)."""
+    running = pd.Series([s == "running" for s in states], index=runs.index)
+    for pool in (runs["pruner"] == "fastrl", (runs["pruner"] != "none") | (runs["budget"] != "fixed"),
+                 pd.Series(True, index=runs.index)):
+        if pool.any():
+            chosen = runs[pool & running] if (pool & running).any() else runs[pool]
+            return str(chosen["run_id"].iloc[0])
+    raise ValueError("default_run: no runs")
+
+
+_LITERAL = re.compile(r"[^A-Za-z0-9 ._#/?=&-]")
+
+
+def literal(value: object, limit: int = 80) -> str:
+    """`value` (from a URL or a dataset) as a Markdown code span that renders as the text itself: characters that
+    Markdown or Streamlit could read as syntax (backticks, brackets, colons, $, <, ...) become "?", and it is cut to
+    `limit` characters. Put free text (a question) in st.text instead."""
+    text = _LITERAL.sub("?", str(value))
+    return f"`{text[:limit]}{'…' if len(text) > limit else ''}`" if text.strip() else "`?`"
 
 
 def pick_informative_group(groups: pd.DataFrame) -> str | None:
@@ -169,16 +224,29 @@ def prompt_timeline(groups: pd.DataFrame, prompt_id: str, n: int, n_min: int = 2
                   ].reset_index(drop=True)
 
 
+DUPLICATE = "DUPLICATE"  # the reason the store records for a merged copy (`store.step_rows`)
+FATES = ("kept", "merged", "pruned")  # what became of a sampled rollout: the split's parts after the budget
+
+
+def fates(rollouts: pd.DataFrame) -> pd.Series:
+    """Each rollout's part of the split (`fastrl_core.savings`): "kept", "merged" (a copy of an identical completion
+    of its group, merged into it: recorded with reason DUPLICATE) or "pruned" (by the method's own rule). Stores
+    written before 2026-12-07 recorded a copy of a pruned answer under that answer's reason: there it reads pruned."""
+    merged = rollouts["reason"].map(lambda r: isinstance(r, str) and r.upper() == DUPLICATE).astype(bool)
+    kept = rollouts["kept"].astype(bool)
+    return pd.Series(np.where(kept, "kept", np.where(merged, "merged", "pruned")), index=rollouts.index, dtype=object)
+
+
 def multiplicity(rollouts: pd.DataFrame) -> pd.Series:
-    """How many sampled rollouts each row stands for, as the trainer merges them (`algo.duplicates`): within a
-    (step, prompt) group, the first of identical completions counts all of them, its copies 0. Read from the
-    completion text (the trainer compares token ids; two id sequences with one text are merged here, not there)."""
+    """How many sampled rollouts each row stands for (`algo.duplicates`): 0 for a merged copy; for the first other
+    row of its (step, prompt, completion text), 1 + the copies with that text; 1 for any other row."""
     if rollouts.empty:
         return pd.Series([], dtype="int64", index=rollouts.index)
-    keys = [rollouts[c] for c in ("step", "prompt_id", "completion") if c in rollouts]
-    size = rollouts.groupby(keys, sort=False)["completion"].transform("size")
-    first = ~rollouts.duplicated(subset=[k.name for k in keys], keep="first")
-    return size.where(first, 0).astype("int64")
+    keys = [c for c in ("step", "prompt_id", "completion") if c in rollouts]
+    copy = fates(rollouts) == "merged"
+    copies = copy.groupby([rollouts[k] for k in keys], sort=False).transform("sum")
+    first = ~copy & ~rollouts[keys].assign(copy=copy).duplicated(keep="first")
+    return pd.Series(np.where(copy, 0, np.where(first, 1 + copies, 1)), index=rollouts.index, dtype="int64")
 
 
 def split_sentence(totals: dict, passes: list[str]) -> str:
@@ -277,23 +345,35 @@ def pick_demo_group(groups: pd.DataFrame, recent: int = 20) -> tuple[int | None,
     return step, pick_informative_group(pool[pool["step"] == step])
 
 
-def group_fate(rollouts: pd.DataFrame) -> dict:
-    """One group's rollouts: sampled, kept, merged (copies of an identical completion, `multiplicity` 0), pruned
-    by the rule (the rest), and the rule's reasons for those."""
-    copies = multiplicity(rollouts) == 0
-    kept = rollouts["kept"].astype(bool)
-    ruled = rollouts[~kept & ~copies]
-    return {"sampled": len(rollouts), "kept": int(kept.sum()), "merged": int(copies.sum()),
-            "pruned": int(len(ruled)), "reasons": ruled["reason"].map(reason_label).value_counts().to_dict()}
+def group_fate(rollouts: pd.DataFrame, nominal: int | None = None) -> dict:
+    """One group's rollouts split as the Budget page splits a step (`fates`): skipped by the budget (nominal − sampled,
+    with `nominal` = plain GRPO's n; None when not given), sampled, kept, merged, pruned by the rule, and the rule's
+    reasons for those."""
+    fate = fates(rollouts)
+    ruled = rollouts[fate == "pruned"]
+    return {"skipped": None if nominal is None else max(0, int(nominal) - len(rollouts)), "sampled": len(rollouts),
+            "kept": int((fate == "kept").sum()), "merged": int((fate == "merged").sum()), "pruned": int(len(ruled)),
+            "reasons": ruled["reason"].map(reason_label).value_counts().to_dict()}
 
 
-def group_story(group: pd.DataFrame, other: pd.DataFrame, *, run_label: str, base_label: str) -> str:
+def fate_sentence(fate: dict) -> str:
+    """A group's split in words, the four parts in the Budget page's order."""
+    skipped = "" if fate["skipped"] is None else f"{fate['skipped']} skipped by the budget, "
+    return (f"{fate['sampled']} rollouts sampled ({skipped}**{fate['kept']} kept**, {fate['merged']} merged as "
+            f"duplicates, {fate['pruned']} pruned by the rule)")
+
+
+def group_story(group: pd.DataFrame, other: pd.DataFrame, *, run_label: str, base_label: str,
+                nominal: int | None = None) -> str:
     """What happened to one prompt's group in the method's run, and to the same prompt at the same step in the
-    baseline's run (empty: not there), crediting the method only with what the baseline did not also do."""
-    mine = group_fate(group)
+    baseline's run (empty: not there), crediting the method only with what the baseline did not also do; `nominal`:
+    plain GRPO's n, for what the budget skipped."""
+    mine = group_fate(group, nominal)
     correct = int((group["accuracy_reward"].fillna(0) > 0).sum())
-    lines = [f"1. **Sample.** {run_label} answered this question **{mine['sampled']} times**; {correct} answers "
-             f"were correct, rewards from {group['reward'].min():.2f} to {group['reward'].max():.2f}.",
+    budget = (f" (its budget skipped {mine['skipped']} of plain GRPO's {nominal})" if mine["skipped"] else
+              " (as many as plain GRPO)" if nominal is not None else "")
+    lines = [f"1. **Sample.** {run_label} answered this question **{mine['sampled']} times**{budget}; {correct} "
+             f"answers were correct, rewards from {group['reward'].min():.2f} to {group['reward'].max():.2f}.",
              f"2. **Merge.** {mine['merged']} answer{'s were copies' if mine['merged'] != 1 else ' was a copy'} of "
              "another answer to the same question: merged into it and counted as often as sampled (every method "
              "merges)."]
@@ -316,10 +396,11 @@ def group_story(group: pd.DataFrame, other: pd.DataFrame, *, run_label: str, bas
 
 
 def rollout_table(rollouts: pd.DataFrame) -> pd.DataFrame:
-    """A group's rollouts for display: status, stands for (multiplicity), reason, reward, advantage, completion,
+    """A group's rollouts for display: status (kept, merged or pruned: `fates`), stands for (multiplicity), reason,
+    reward, advantage, completion,
     highest advantage first; no None (missing values read "—")."""
     view = pd.DataFrame({
-        "status": rollouts["kept"].map({True: "kept", False: "left out"}),
+        "status": fates(rollouts),
         "stands for": multiplicity(rollouts),
         "reason": [pruned_reason(k, r) or "—" for k, r in zip(rollouts["kept"], rollouts["reason"])],
         "reward": rollouts["reward"].round(2), "advantage": rollouts["advantage"].round(3),

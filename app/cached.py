@@ -1,9 +1,11 @@
 """Cached readers for the pages: thin wrappers around the store's `read_*` functions (the app never writes).
 
 Where the store lives: `--store DIR` after streamlit's `--` (`streamlit run app/main.py -- --store runs`), else
-the FASTRL_STORE environment variable, else `./runs`. Cache keys include the run's latest step, so a live
-run's new step is read once and a finished run's data is read once per process (NOTES §3: the store's
-per-step Parquet files are read without taking any lock, so the trainer is never blocked).
+the FASTRL_STORE environment variable, else `./runs`. Cache keys include the run's version (`store.run_version`:
+its steps folder changed), so a live run's new step is read once, a step moved to quarantine disappears from a
+page already open, and a finished run's data is read once per process (NOTES §3: the store's per-step Parquet
+files are read without taking any lock, so the trainer is never blocked). Reads of a whole run are incremental in
+the store (`read_steps`, `read_groups`, `read_reason_counts` read a new step's file only).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import base64
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -20,6 +23,10 @@ import streamlit as st
 
 from fastrl_app.projection import Projection, SketchMap
 from fastrl_core import metrics, store
+
+__all__ = ["store_dir", "runs", "latest_step", "version", "steps", "evals", "groups", "rollouts", "damaged",
+           "damaged_path", "budget_matrix", "reason_counts", "question", "tokens", "sketches", "image",
+           "image_data_url", "sketch_map", "project", "comparison", "has_sampled", "damage_notice"]
 
 
 def store_dir() -> Path:
@@ -35,23 +42,31 @@ def _key() -> str:
 
 
 @st.cache_data(ttl=2.0, show_spinner=False)
-def _runs(store_key: str) -> pd.DataFrame:
-    return store.read_runs(store_key)
+def _runs(store_key: str, totals: bool) -> pd.DataFrame:
+    return store.read_runs(store_key, totals=totals)
 
 
-def runs() -> pd.DataFrame:
-    """One row per run with status and headline metrics (read_runs), newest first; cached for 2 s."""
-    frame = _runs(_key())
+def runs(totals: bool = False) -> pd.DataFrame:
+    """One row per run with its status (read_runs), newest first, cached for 2 s; with `totals` its headline
+    metrics too (every run's steps rows: the Runs page), else only its step count (a page about one run)."""
+    frame = _runs(_key(), totals)
     return frame.sort_values("started", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def latest_step(run_id: str) -> int | None:
-    """The run's last visible step (a directory listing, not cached: it is the cache version of the rest)."""
+    """The run's last visible step (a directory listing, not cached)."""
     return store.latest_step(_key(), run_id)
 
 
+def version(run_id: str) -> tuple[int, int]:
+    """The cache version of a run's data (`store.run_version`, one stat): it changes when a step appears, is
+    re-written, or disappears (moved to quarantine by `fastrl store check --quarantine`), so a page already open
+    drops a quarantined step at its next rerun."""
+    return store.run_version(_key(), run_id)
+
+
 def _versions(run_ids: tuple[str, ...]) -> tuple:
-    return tuple(latest_step(run_id) for run_id in run_ids)
+    return tuple(version(run_id) for run_id in run_ids)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -75,13 +90,22 @@ def evals(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
     return _evals(_key(), tuple(run_ids))
 
 
+class Comparison(NamedTuple):
+    per_run: pd.DataFrame  # metrics.compare_runs rows, one run per method and seed
+    summary: pd.DataFrame  # metrics.summarise rows, one per method
+    curves: pd.DataFrame  # evaluation curves with run_id and method
+    left_out: pd.DataFrame  # run_labels rows of runs left out as a seed's older run, with `counted`
+
+
 @st.cache_data(ttl=3.0, max_entries=32, show_spinner=False)
-def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple, sampled: bool
-                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple, sampled: bool, one_per_seed: bool
+                ) -> Comparison:
     runs = store.read_runs(store_key)
     runs = runs[runs["run_id"].isin(run_ids)]
     labels = metrics.run_labels(runs.set_index("run_id", drop=False).reindex(
         [r for r in run_ids if r in set(runs["run_id"])]))  # in the order asked for
+    labels, left_out = (metrics.one_run_per_seed(labels, runs.set_index("run_id")["started"]) if one_per_seed
+                        else (labels, labels.iloc[:0].assign(counted=[])))
     steps = store.read_steps(store_key, list(run_ids))
     evals = store.read_evals(store_key, list(run_ids))
     split = runs.set_index("run_id")["eval_split"]  # each run's own split ("test" when it has one)
@@ -95,17 +119,17 @@ def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple, sampl
         run_id=r, method=method[r]) for r in labels["run_id"]]
     curves = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
         columns=[*metrics.CURVE_COLUMNS, "run_id", "method"])
-    return per_run, summary, curves
+    return Comparison(per_run, summary, curves, left_out)
 
 
-def comparison(run_ids: list[str] | tuple[str, ...], *, sampled: bool = False
-               ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(per-run figures, per-method summary with intervals, evaluation curves with run_id and method) of these
-    runs, from `fastrl_core.metrics` (the bench's definitions), on each run's greedy eval split or, with
-    `sampled`, its mean@k split ("<split>-sampled", runs with eval_samples); re-read when a run has a new step,
-    else every 3 s."""
+def comparison(run_ids: list[str] | tuple[str, ...], *, sampled: bool = False, one_per_seed: bool = True
+               ) -> Comparison:
+    """(per-run figures, per-method summary with intervals, evaluation curves with run_id and method, runs left
+    out) of these runs, from `fastrl_core.metrics` (the bench's definitions), one run per method and seed (the
+    newest: `metrics.one_run_per_seed`; every run with `one_per_seed=False`, to set chosen runs side by side), on each run's greedy eval split or, with `sampled`, its mean@k split
+    ("<split>-sampled", runs with eval_samples); re-read when a run has a new step, else every 3 s."""
     run_ids = tuple(run_ids)
-    return _comparison(_key(), run_ids, _versions(run_ids), sampled)
+    return _comparison(_key(), run_ids, _versions(run_ids), sampled, one_per_seed)
 
 
 def has_sampled(run_ids: list[str] | tuple[str, ...]) -> bool:
@@ -115,76 +139,82 @@ def has_sampled(run_ids: list[str] | tuple[str, ...]) -> bool:
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def _groups(store_key: str, run_id: str, step: int | None, version: int | None) -> pd.DataFrame:
+def _groups(store_key: str, run_id: str, step: int | None, version: tuple) -> pd.DataFrame:
     return store.read_groups(store_key, run_id, step=step)
 
 
 def groups(run_id: str, step: int | None = None) -> pd.DataFrame:
     """Group rows of one step, or of every step when `step` is None (read_groups)."""
-    return _groups(_key(), run_id, step, latest_step(run_id) if step is None else None)
+    return _groups(_key(), run_id, step, version(run_id))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _budget_matrix(store_key: str, run_id: str, version: int | None) -> pd.DataFrame:
+def _budget_matrix(store_key: str, run_id: str, version: tuple) -> pd.DataFrame:
     return store.read_budget_matrix(store_key, run_id)
 
 
 def budget_matrix(run_id: str) -> pd.DataFrame:
     """Rollouts sampled and kept per (step, prompt_id) (read_budget_matrix)."""
-    return _budget_matrix(_key(), run_id, latest_step(run_id))
+    return _budget_matrix(_key(), run_id, version(run_id))
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def _rollouts(store_key: str, run_id: str, step: int, prompt_id: str | None) -> pd.DataFrame:
+def _rollouts(store_key: str, run_id: str, step: int, prompt_id: str | None, version: tuple) -> pd.DataFrame:
     return store.read_rollouts(store_key, run_id, step=step, prompt_id=prompt_id)
 
 
 def rollouts(run_id: str, step: int, prompt_id: str | None = None) -> pd.DataFrame:
-    """Every rollout of one step (or of one prompt's group in it), all columns but the sketch."""
-    return _rollouts(_key(), run_id, int(step), prompt_id)
+    """Every rollout of one step (or of one prompt's group in it), all columns but the sketch and the tokens; empty
+    when the step's rollouts file does not read (`damaged` says why) or the run logs no rollouts."""
+    return _rollouts(_key(), run_id, int(step), prompt_id, version(run_id))
+
+
+def damaged(run_id: str, step: int, table: str) -> str | None:
+    """Why the step's file of `table` did not read ("missing", or the reader's error), when a read skipped it; its
+    path relative to the store is `damaged_path`."""
+    return store.damaged_files(_key()).get(damaged_path(run_id, step, table))
+
+
+def damaged_path(run_id: str, step: int, table: str) -> str:
+    return os.path.relpath(store.layout.step_file(Path(_key()), run_id, table, int(step)), _key())
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def _rollout_steps(store_key: str, run_id: str, columns: tuple[str, ...], version: int | None) -> pd.DataFrame:
-    return store.read_rollouts(store_key, run_id, columns=list(columns))
+def _reason_counts(store_key: str, run_id: str, version: tuple) -> pd.DataFrame:
+    return store.read_reason_counts(store_key, run_id)
 
 
-def rollout_steps(run_id: str, columns: tuple[str, ...] = ("step", "kept", "reason")) -> pd.DataFrame:
-    """A few columns of every rollout of the run (e.g. prune reasons over steps)."""
-    return _rollout_steps(_key(), run_id, tuple(columns), latest_step(run_id))
+def reason_counts(run_id: str) -> pd.DataFrame:
+    """Rollouts left out per step and reason (read_reason_counts: each step's file read once per process)."""
+    return _reason_counts(_key(), run_id, version(run_id))
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
-def _tokens(store_key: str, run_id: str, step: int) -> dict[str, str]:
-    try:
-        frame = store.read_rollouts(store_key, run_id, step=step, columns=["rollout_id", "tokens"])
-    except Exception:  # noqa: BLE001 - a store written before tokens were recorded has no such column
-        return {}
-    return {r: t for r, t in zip(frame["rollout_id"], frame["tokens"]) if isinstance(t, str)}
+@st.cache_data(max_entries=1024, show_spinner=False)
+def _tokens(store_key: str, run_id: str, step: int, rollout_id: str, version: tuple
+            ) -> list[tuple[str, float]] | None:
+    return store.read_tokens(store_key, run_id, step, rollout_id)
 
 
 def tokens(run_id: str, step: int, rollout_id: str) -> list[tuple[str, float]] | None:
-    """The rollout's completion tokens with their sampling log-probs, or None where the store has none."""
-    import json
-
-    text = _tokens(_key(), run_id, int(step)).get(rollout_id)
-    return None if text is None else [(token, float(lp)) for token, lp in json.loads(text)]
+    """The rollout's completion tokens with their sampling log-probs, or None where the store has none (read_tokens:
+    one row group of the step's file, not the step); `store.DamagedFile` naming the file when it does not read."""
+    return _tokens(_key(), run_id, int(step), rollout_id, version(run_id))
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def _questions(store_key: str, run_id: str, version: int | None) -> dict[str, str]:
-    frame = store.read_rollouts(store_key, run_id, columns=["prompt_id", "question"])
-    frame = frame.drop_duplicates("prompt_id")
-    return {str(p): str(q) if q is not None else "" for p, q in zip(frame["prompt_id"], frame["question"])}
+@st.cache_data(max_entries=1024, show_spinner=False)
+def _question(store_key: str, run_id: str, step: int, prompt_id: str, version: tuple) -> str | None:
+    frame = store.read_rollouts(store_key, run_id, step=step, prompt_id=prompt_id, columns=["question"], limit=1)
+    return None if frame.empty else frame["question"].iloc[0]
 
 
-def questions(run_id: str) -> dict[str, str]:
-    """prompt_id -> question text of the run's prompts (empty when the run does not log rollouts)."""
-    return _questions(_key(), run_id, latest_step(run_id))
+def question(run_id: str, step: int, prompt_id: str) -> str | None:
+    """The question of one prompt, from one step that drew it (one file, never a scan of the run); None when that
+    step logged no rollouts."""
+    return _question(_key(), run_id, int(step), prompt_id, version(run_id))
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _sketches(store_key: str, run_id: str, steps: tuple[int, ...], limit: int | None
+def _sketches(store_key: str, run_id: str, steps: tuple[int, ...], limit: int | None, version: tuple
               ) -> tuple[pd.DataFrame, np.ndarray]:
     return store.read_sketches(store_key, run_id, steps=list(steps), limit=limit)
 
@@ -192,27 +222,30 @@ def _sketches(store_key: str, run_id: str, steps: tuple[int, ...], limit: int | 
 def sketches(run_id: str, steps: list[int] | tuple[int, ...], limit: int | None = None
              ) -> tuple[pd.DataFrame, np.ndarray]:
     """(meta rows, (n, D) sketches) of the rollouts of `steps` that have a sketch (read_sketches)."""
-    return _sketches(_key(), run_id, tuple(int(s) for s in steps), limit)
+    return _sketches(_key(), run_id, tuple(int(s) for s in steps), limit, version(run_id))
 
 
 @st.cache_data(max_entries=1024, show_spinner=False)
-def _image_bytes(store_key: str, image_ref: str) -> bytes:
-    return store.read_image(store_key, image_ref)
+def _image_bytes(store_key: str, run_id: str, image_ref: str) -> bytes:
+    return store.read_image(store_key, run_id, image_ref)
 
 
-def image_bytes(image_ref: str | None) -> bytes | None:
-    """PNG bytes of a prompt image, or None when the rollout has none or the file is missing."""
+def image(run_id: str, image_ref: str | None) -> tuple[bytes | None, str | None]:
+    """(PNG bytes of a prompt image of the run, None) or (None, why not: no image, none stored, or the images file
+    that does not read, named); an image is read from its own run's files only."""
     if not image_ref:
-        return None
+        return None, "this prompt has no image"
     try:
-        return _image_bytes(_key(), image_ref)
-    except (FileNotFoundError, ValueError):
-        return None
+        return _image_bytes(_key(), run_id, image_ref), None
+    except store.DamagedFile as error:
+        return None, f"its run's images file does not read: {error}"
+    except (FileNotFoundError, ValueError) as error:
+        return None, str(error)
 
 
-def image_data_url(image_ref: str | None) -> str | None:
+def image_data_url(run_id: str, image_ref: str | None) -> str | None:
     """A base64 data URL of the image, for st.column_config.ImageColumn (NOTES §4: no local paths)."""
-    png = image_bytes(image_ref)
+    png, _ = image(run_id, image_ref)
     return None if png is None else "data:image/png;base64," + base64.b64encode(png).decode()
 
 

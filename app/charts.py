@@ -3,12 +3,15 @@ user's zoom and legend choices when a live fragment redraws the chart with new d
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fastrl_app.palette import DECISION_COLOURS, KEPT_COLOURS, SPLIT_COLOURS, method_colour
+from fastrl_app.analysis import FATES, fates, reason_label
+from fastrl_app.palette import DECISION_COLOURS, SPLIT_COLOURS, method_colour
 from fastrl_core.savings import SPLIT_LABELS, SPLIT_PARTS
 
 PHASE_COLOURS = px.colors.qualitative.Set2
@@ -35,7 +38,7 @@ def sampled_vs_kept(steps: pd.DataFrame, *, revision: str) -> go.Figure:
     fig.add_scatter(x=steps["step"], y=steps["rollouts_sampled"], name="sampled", mode="lines",
                     line=dict(color="#264653"))
     fig.add_scatter(x=steps["step"], y=steps["rollouts_kept"], name="kept (enter the update)", mode="lines",
-                    line=dict(color=KEPT_COLOURS["kept"]), fill="tonexty", fillcolor="rgba(231,111,81,0.18)")
+                    line=dict(color=SPLIT_COLOURS["kept"]), fill="tonexty", fillcolor="rgba(231,111,81,0.18)")
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="rollouts", rangemode="tozero")
     return _style(fig, revision=revision)
@@ -55,22 +58,28 @@ def rollouts_per_prompt(matrix: pd.DataFrame, *, revision: str) -> go.Figure:
     return _style(fig, revision=revision)
 
 
-def budget_heatmap(table: pd.DataFrame, *, revision: str, questions: dict[str, str] | None = None,
-                   kept: pd.DataFrame | None = None) -> go.Figure:
-    """Rollouts sampled per prompt (rows, labelled) and step (columns, every step of the run); blank = prompt not
-    drawn that step. Hover: the prompt, its question, sampled and kept."""
-    questions = questions or {}
+def budget_heatmap(table: pd.DataFrame, *, revision: str, kept: pd.DataFrame | None = None, bin_steps: int = 1
+                   ) -> go.Figure:
+    """Rollouts sampled per prompt (rows, labelled) and step (columns; with `bin_steps` > 1 each column sums that
+    many steps, labelled by its first); blank = prompt not drawn. Hover: the prompt, sampled and kept."""
     z = table.to_numpy(dtype=float)
     kept_z = (kept.reindex(index=table.index, columns=table.columns).to_numpy(dtype=float) if kept is not None
               else np.full_like(z, np.nan))
-    text = np.array([[questions.get(p, "")[:80]] * len(table.columns) for p in table.index], dtype=object)
+    steps = "step %{x}" if bin_steps == 1 else f"steps %{{x}}–(%{{x}} + {bin_steps - 1})"
     fig = go.Figure(go.Heatmap(
-        z=z, x=table.columns.tolist(), y=[str(p) for p in table.index], colorscale="Viridis",
-        colorbar=dict(title="sampled"), hoverongaps=False, customdata=np.dstack([kept_z, text]) if len(table) else None,
-        hovertemplate="step %{x} · %{y}<br>%{customdata[1]}<br>%{z} sampled, %{customdata[0]} kept<extra></extra>"))
-    fig.update_xaxes(title="step", range=[min(table.columns, default=0) - 0.5, max(table.columns, default=0) + 0.5])
+        z=z, x=table.columns.tolist(), y=[text_label(p) for p in table.index], colorscale="Viridis",
+        colorbar=dict(title="sampled"), hoverongaps=False, customdata=kept_z if len(table) else None,
+        hovertemplate=steps + " · %{y}<br>%{z} sampled, %{customdata} kept<extra></extra>"))
+    fig.update_xaxes(title="step" if bin_steps == 1 else f"step ({bin_steps} steps a column)",
+                     range=[min(table.columns, default=0) - bin_steps / 2, max(table.columns, default=0) + bin_steps / 2])
     fig.update_yaxes(title="", tickfont=dict(size=9), autorange="reversed", type="category")
     return _style(fig, revision=revision, height=max(260, min(1400, 14 * len(table) + 100)))
+
+
+def text_label(value: object) -> str:
+    """A label from the data (a prompt id) for Plotly, which reads <b>, <a href> and the like in labels and hover
+    text: its HTML special characters escaped, so it shows as written."""
+    return html.escape(str(value))
 
 
 def prompt_timeline(visits: pd.DataFrame, *, revision: str) -> go.Figure:
@@ -83,7 +92,7 @@ def prompt_timeline(visits: pd.DataFrame, *, revision: str) -> go.Figure:
                     hovertemplate="step %{x}: " + decision + ", %{y:.0f} sampled, %{customdata[1]} kept<br>"
                                   "%{customdata[0]}<extra></extra>")
     fig.add_scatter(x=visits["step"], y=visits["kept"], mode="markers", name="kept",
-                    marker=dict(color=KEPT_COLOURS["kept"], size=11, symbol="diamond"))
+                    marker=dict(color=SPLIT_COLOURS["kept"], size=11, symbol="diamond"))
     fig.update_layout(barmode="overlay")
     fig.update_xaxes(title="step (each visit of the prompt)", type="category")
     fig.update_yaxes(title="rollouts", rangemode="tozero")
@@ -169,40 +178,49 @@ def band_lines(bands: pd.DataFrame, *, x: str, x_title: str, y_title: str, revis
     return _style(fig, revision=revision, height=360)
 
 
-def group_bars(group: pd.DataFrame, *, revision: str) -> go.Figure:
-    """A group's rollouts as stems of advantage with a dot each (so advantage 0 still shows), coloured kept /
-    pruned and labelled by reward; hover gives the pruner's reason."""
+def group_bars(group: pd.DataFrame, *, revision: str, skipped: int = 0) -> go.Figure:
+    """A group's rollouts as stems of advantage with a dot each (so advantage 0 still shows), coloured by their part
+    of the split (`analysis.fates`: kept, merged as duplicates, pruned by the rule) and labelled by reward; hover
+    gives the reason. `skipped`: rollouts of plain GRPO's n the budget did not sample, drawn as hollow markers at 0
+    after the sampled ones. Every part is in the legend, present or not."""
     fig = go.Figure()
     fig.add_hline(y=0, line=dict(color="#999", width=1))
-    for status, is_kept in (("kept", True), ("pruned", False)):
-        part = group.reset_index(drop=True).assign(n=np.arange(len(group)))
-        part = part[part["kept"].astype(bool) == is_kept]
-        colour = KEPT_COLOURS[status]
+    rows = group.reset_index(drop=True).assign(n=np.arange(len(group)), fate=fates(group).to_numpy())
+    for fate in FATES:
+        part = rows[rows["fate"] == fate]
+        colour = SPLIT_COLOURS[fate]
         fig.add_bar(x=part["n"], y=part["advantage"], width=0.08, marker_color=colour, showlegend=False,
                     hoverinfo="skip")
         fig.add_scatter(x=part["n"], y=part["advantage"], mode="markers+text" if len(group) <= 10 else "markers",
-                        name=status, marker=dict(size=14, color=colour, line=dict(color="white", width=1)),
+                        name=SPLIT_LABELS[fate], marker=dict(size=14, color=colour, line=dict(color="white", width=1)),
                         text=[f"r={r:.2f}" for r in part["reward"]], textfont=dict(size=10),
                         textposition=["top center" if a >= 0 else "bottom center" for a in part["advantage"]],
-                        customdata=part["reason"].fillna("—"),
+                        customdata=part["reason"].map(reason_label), showlegend=True,
                         hovertemplate="advantage %{y:+.2f}<br>%{text}<br>%{customdata}<extra></extra>")
-    fig.update_xaxes(title="rollout (hover for reward and reason)", dtick=1, range=[-0.7, len(group) - 0.3])
+    fig.add_scatter(x=list(range(len(group), len(group) + skipped)), y=[0.0] * skipped, mode="markers",
+                    name=SPLIT_LABELS["skipped"], showlegend=True, hovertemplate="not sampled<extra></extra>",
+                    marker=dict(size=14, color="white", line=dict(color=SPLIT_COLOURS["skipped"], width=2)))
+    fig.update_xaxes(title="rollout (hover for reward and reason)", dtick=1, range=[-0.7, len(group) + skipped - 0.3])
     low, high = float(group["advantage"].min()), float(group["advantage"].max())
     fig.update_yaxes(title="advantage", zeroline=False, range=[min(low, 0) - 0.5, max(high, 0) + 0.5])
-    return _style(fig, revision=revision, height=280)
+    return _style(fig, revision=revision, height=300)
 
 
 def sketch_map(points: pd.DataFrame, *, colour: str, revision: str) -> go.Figure:
-    """Scatter of rollouts on the 2-D map; custom_data = (step, rollout_id) maps a selection back to rows."""
+    """Scatter of rollouts on the 2-D map, coloured by `colour` (status: the split part's label, advantage, or
+    correct); custom_data = (step, rollout_id) maps a selection back to rows; hover names the prompt."""
+    points = points.assign(label=points["prompt_id"].map(text_label))
     common = dict(x="x", y="y", custom_data=["step", "rollout_id"], hover_data={"x": False, "y": False},
                   labels={"x": "", "y": ""})
     if colour == "advantage":
         limit = float(np.nanmax(np.abs(points["advantage"]))) if len(points) else 1.0
         fig = px.scatter(points, color="advantage", color_continuous_scale="RdBu", range_color=[-limit, limit],
-                         hover_name="prompt_id", **common)
+                         hover_name="label", **common)
     else:
-        palette = KEPT_COLOURS if colour == "status" else {"correct": "#2a9d8f", "wrong": "#e76f51"}
-        fig = px.scatter(points, color=colour, color_discrete_map=palette, hover_name="prompt_id", **common)
+        palette = {SPLIT_LABELS[f]: SPLIT_COLOURS[f] for f in FATES} if colour == "status" else {
+            "correct": "#2a9d8f", "wrong": "#e76f51"}
+        fig = px.scatter(points, color=colour, color_discrete_map=palette, hover_name="label", **common,
+                         category_orders={"status": [SPLIT_LABELS[f] for f in FATES]})
     fig.update_traces(marker=dict(size=6, opacity=0.8))
     fig.update_layout(dragmode="select", legend_title_text="")
     fig.update_xaxes(showticklabels=False)

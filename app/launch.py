@@ -31,6 +31,7 @@ def streamlit_command(store_dir: Path, *, port: int, address: str) -> list[str]:
         "--server.runOnSave", "false",
         "--browser.gatherUsageStats", "false",
         "--client.showErrorDetails", "none",  # an error shows as one generic line: no traceback, no paths
+        "--client.toolbarMode", "viewer",  # no Deploy button, rerun or clear-cache items: the user only reads runs
         "--", "--store", str(Path(store_dir).resolve()),
     ]
 

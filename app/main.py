@@ -24,4 +24,4 @@ navigation = st.navigation([
     st.Page(PAGES / "demo.py", title="Demo", icon=":material/slideshow:", url_path="demo"),
 ])
 navigation.run()
-cached.damage_notice()  # the damaged store files the page's reads skipped, named
+cached.damage_notice()  # the damaged store files the page's reads skipped, named (widgets.stop does it on a stop)

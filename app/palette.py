@@ -8,7 +8,6 @@ import hashlib
 GRPO, FASTRL = "#6c757d", "#1f77b4"  # plain GRPO grey, FastRL blue, on every page
 METHOD_COLOURS = {"grpo": GRPO, "fastrl": FASTRL}
 OTHERS = ["#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
-KEPT_COLOURS = {"kept": "#2a9d8f", "pruned": "#e76f51"}
 SPLIT_COLOURS = {"skipped": "#b8c4cc", "merged": "#e9c46a", "pruned": "#e76f51", "kept": "#2a9d8f"}
 DECISION_COLOURS = {"full": "#264653", "probe": "#e9c46a", "trimmed": "#f4a261", "skip": "#d9d9d9"}
 

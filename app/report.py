@@ -49,8 +49,21 @@ def comparison_caption(method: str, base_method: str, seeds: int, base_seeds: in
             + (" Some of these runs are still training, so the figures will move." if running else ""))
 
 
+def left_out_sentence(left_out: pd.DataFrame) -> str:
+    """Which runs a comparison left out because their method and seed already had a newer run
+    (`metrics.one_run_per_seed`): a seed counts once. Empty when none was."""
+    if left_out.empty:
+        return ""
+    pairs = "; ".join(f"{row.run_id} ({row.method}, seed {row.seed}; counted: {row.counted})"
+                      for row in left_out.itertuples())
+    return (f" A seed counts once: {len(left_out)} older run{'s' if len(left_out) != 1 else ''} of a method and seed "
+            f"that has a newer one {'are' if len(left_out) != 1 else 'is'} left out of the means, intervals and "
+            f"bands: {pairs}.")
+
+
 def _md(text: str) -> str:
-    return MarkdownIt().render(text)
+    """Markdown as HTML, raw HTML in it escaped (text from the store is never markup)."""
+    return MarkdownIt("commonmark", {"html": False}).render(text)
 
 
 def _figure(fig, first: list[bool]) -> str:
@@ -105,14 +118,20 @@ def render(store_dir: str | Path, run_id: str | None = None) -> str:
             other = store.read_rollouts(store_dir, base_id, step=step, prompt_id=prompt)
         ref = group["image_ref"].iloc[0]
         if ref:
-            png = store.read_image(store_dir, ref)
-            parts.append(f"<img alt='prompt {html.escape(prompt)}' style='float:right;width:260px;margin-left:1em' "
-                         f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+            try:
+                png = store.read_image(store_dir, run_id, ref)
+                parts.append(f"<img alt='prompt {html.escape(prompt)}' style='float:right;width:260px;"
+                             f"margin-left:1em' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+            except (store.DamagedFile, FileNotFoundError) as error:
+                caveats.append(f"The group's image is not shown: {error}")
         question = html.escape(group["question"].iloc[0] or "")
         parts.append(f"<p><b>Step {step}, prompt {html.escape(prompt)}.</b> {question}"
                      f"<br>Correct answer: <code>{html.escape(str(group['answer'].iloc[0] or '—'))}</code></p>")
-        parts.append(_md(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO")))
-        parts.append(_figure(charts.group_bars(group, revision="report"), first))
+        config = json.loads(by_id.loc[run_id, "config"]) if isinstance(by_id.loc[run_id, "config"], str) else {}
+        nominal = int(config.get("rollouts_per_prompt", 0)) or None
+        parts.append(_md(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO", nominal=nominal)))
+        parts.append(_figure(charts.group_bars(group, revision="report",
+                                               skipped=analysis.group_fate(group, nominal)["skipped"] or 0), first))
         parts.append("<h3>FastRL's answers</h3>" + _table(analysis.rollout_table(group)))
         if len(other):
             parts.append("<h3>GRPO's answers to the same question at the same step</h3>"
@@ -169,7 +188,10 @@ def _comparison(store_dir: Path, runs: pd.DataFrame, run_id: str, base_id: str, 
     labels = labels[[bool(metrics.BENCH_NAME.match(str(names[r]))) for r in labels["run_id"]]]
     method = labels.set_index("run_id").loc[run_id, "method"]
     base_method = labels.set_index("run_id").loc[base_id, "method"]
-    chosen = labels[labels["method"].isin([method, base_method])]
+    chosen, left_out = metrics.one_run_per_seed(labels[labels["method"].isin([method, base_method])],
+                                                runs.set_index("run_id")["started"])
+    if len(left_out):
+        caveats.append(left_out_sentence(left_out).strip())
     steps = store.read_steps(store_dir, chosen["run_id"].tolist())
     evals = store.read_evals(store_dir, chosen["run_id"].tolist())
     split = runs.set_index("run_id")["eval_split"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import streamlit as st
 
@@ -25,6 +27,13 @@ def is_live(run: pd.Series) -> bool:
     return status(run) == "running"
 
 
+def stop() -> None:
+    """End the page here (st.stop), after naming the damaged store files its reads skipped (data.damage_notice,
+    which app/main.py draws after a page that runs to its end)."""
+    cached.damage_notice()
+    st.stop()
+
+
 def wait_for_runs() -> None:
     """Tell the user the store is empty and rerun the app as soon as a run appears."""
     st.info(f"No runs in the store `{cached.store_dir()}` yet. Start one with "
@@ -38,12 +47,12 @@ def wait_for_runs() -> None:
     poll()
 
 
-def runs_or_wait() -> pd.DataFrame:
-    """Every run in the store; on an empty store, say so, wait for one and stop the page here."""
-    runs = cached.runs()
+def runs_or_wait(*, totals: bool = False) -> pd.DataFrame:
+    """Every run in the store (`data.runs`); on an empty store, say so, wait for one and stop the page here."""
+    runs = cached.runs(totals)
     if runs.empty:
         wait_for_runs()
-        st.stop()
+        stop()
     return runs
 
 
@@ -54,23 +63,23 @@ def run_with_steps(empty_message: str, *, default: str | None = None) -> tuple[p
     steps = cached.steps([run["run_id"]])
     if steps.empty:
         st.info(empty_message)
-        st.stop()
+        stop()
     return run, steps
 
 
 def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run", default: str | None = None
              ) -> pd.Series:
     """A sidebar run picker, defaulting to ?run= (deep links; a run that is not in the store is said so), then the
-    last choice, then `default`, then a live run, then the newest; the choice is written back to the URL."""
+    last choice, then `default`, then the run the dashboard is about (`analysis.default_run`: a FastRL run, live
+    first); the choice is written back to the URL, so a link opens the same view."""
     ids = runs["run_id"].tolist()
     linked = st.query_params.get(param)
     wanted = linked or st.session_state.get(f"chosen_{param}")
     if wanted not in ids:
-        live = runs[[status(r) == "running" for _, r in runs.iterrows()]]
-        wanted = default if default in ids else live.iloc[0]["run_id"] if not live.empty else ids[0]
+        wanted = default if default in ids else analysis.default_run(runs, [status(r) for _, r in runs.iterrows()])
         if linked:
-            st.warning(f"The link asks for run `{linked}`, which is not in this store (`{cached.store_dir()}`); "
-                       f"showing `{wanted}` instead.")
+            st.warning(f"The link asks for run {analysis.literal(linked)}, which is not in this store "
+                       f"({analysis.literal(cached.store_dir())}); showing `{wanted}` instead.")
     by_id = runs.set_index("run_id", drop=False)
     chosen = st.sidebar.selectbox(
         label, ids, index=ids.index(wanted), key=f"picker_{param}",
@@ -89,8 +98,8 @@ def pick_step(step_ids: list[int], run_id: str, *, key: str) -> int:
         if asked.lstrip("-").isdigit() and int(asked) in step_ids:
             default = int(asked)
         else:
-            st.warning(f"The link asks for step `{asked}`, which run `{run_id}` does not have (its steps are "
-                       f"{step_ids[0]}–{step_ids[-1]}); showing step {default}.")
+            st.warning(f"The link asks for step {analysis.literal(asked)}, which run `{run_id}` does not have (its "
+                       f"steps are {step_ids[0]}–{step_ids[-1]}); showing step {default}.")
     if len(step_ids) == 1:
         st.sidebar.caption(f"Step {step_ids[0]} (the only one so far)")
         return step_ids[0]
@@ -107,16 +116,17 @@ def run_caption(run: pd.Series, *, refreshing: bool = False) -> None:
     state = status(run)
     steps = int(run["steps"]) if pd.notna(run["steps"]) else 0
     text = (f"{STATUS_ICON.get(state, '')} **{run['run_id']}** · {state} · {steps} steps · "
-            f"objective `{run['objective']}` · pruner `{run['pruner']}` · budget `{run['budget']}` · "
-            f"model `{run['model']}` · data `{run['dataset']}`")
+            + " · ".join(f"{name} {analysis.literal(run[key])}" for name, key in (
+                ("objective", "objective"), ("pruner", "pruner"), ("budget", "budget"), ("model", "model"),
+                ("data", "dataset"))))
     if state == "running" and refreshing:
         text += f" · this page refreshes every {LIVE_EVERY}"
     elif state == "no heartbeat":
         text += " · its trainer stopped without a word (killed?): `fastrl train ... --resume` continues it"
+    st.caption(text)
     error = run.get("error")
     if state in ("failed", "stopped") and isinstance(error, str) and error:
-        text += f" · {error}"
-    st.caption(text)
+        st.text(f"{state}: {error}")  # an error's text may quote data: shown as text
 
 
 def rerun_when_finished(run_id: str, live: bool) -> None:
@@ -137,3 +147,33 @@ def accuracy_choice(run_ids: list[str], *, key: str) -> tuple[bool, str]:
                       help="Greedy decoding, or the mean accuracy of k completions per problem sampled at the "
                            "training temperature (eval_samples = k). Greedy flips on near-ties; mean@k is smooth.")
     return choice != "greedy", ACCURACY[choice]
+
+
+def labelled_text(label: str, text: object) -> None:
+    """A bold label, then `text` from the data (a question, an answer) as plain text: never read as Markdown or
+    HTML, so a question holding an image link shows the link's text and the browser fetches nothing."""
+    st.markdown(f"**{label}**")
+    st.text("—" if text is None or (isinstance(text, float) and pd.isna(text)) or text == "" else str(text))
+
+
+def file_problem(run_id: str, step: int, table: str, what: str) -> bool:
+    """When the step's `table` file did not read (data.damaged), an error naming the file and why, and how to move
+    it aside; returns whether it said so. `what`: what the page cannot show without it."""
+    problem = cached.damaged(run_id, step, table)
+    if problem is None:
+        return False
+    st.error(f"Step {step}'s {table} file {analysis.literal(cached.damaged_path(run_id, step, table), 120)} does not "
+             f"read ({analysis.literal(problem, 120)}), so {what}. `fastrl store check <store> --quarantine` moves "
+             "a damaged step aside (the page then drops it).", icon=":material/broken_image:")
+    return True
+
+
+def run_config(run: pd.Series) -> dict:
+    """The run's config as recorded in its run.json ({} when none)."""
+    config = run.get("config")
+    return json.loads(config) if isinstance(config, str) and config else {}
+
+
+def logs_rollouts(run: pd.Series) -> bool:
+    """Whether the run's config records rollouts (log_rollouts, true unless set false)."""
+    return run_config(run).get("log_rollouts", True) is not False

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_app_pages import REPO, train_command
+from test_app_pages import REPO, merged_step, train_command
 
 from fastrl_app.launch import serve
 from fastrl_core import store
@@ -152,3 +152,53 @@ def test_rollouts_deep_link_and_the_other_pages_render(served, page):
         page.wait_for_timeout(1500)
         assert page.locator("[data-testid='stException']").count() == 0, name
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+
+def test_no_deploy_button_and_a_question_is_text_that_fetches_nothing(tmp_path, monkeypatch):
+    """The app launched outside the checkout (no .streamlit/config.toml in reach) shows no Deploy button, and a
+    question holding a Markdown image is shown as its text: the browser never requests the image."""
+    import http.server
+    import threading
+
+    requests = []
+
+    class Tracker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            requests.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    tracker = http.server.HTTPServer(("127.0.0.1", 0), Tracker)
+    threading.Thread(target=tracker.serve_forever, daemon=True).start()
+    question = f"Find x. ![t](http://127.0.0.1:{tracker.server_port}/track.png)"
+    with store.RunWriter(tmp_path / "store", name="bench-fastrl-seed0", config={"rollouts_per_prompt": 8}, model="m",
+                         dataset="d", objective="grpo", pruner="fastrl", budget="adaptive") as writer:
+        store.step_rows(merged_step(0, "fastrl", question)).write_to(writer)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    port = free_port()
+    app = serve(tmp_path / "store", port=port, timeout=90)
+    from playwright.sync_api import sync_playwright
+
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.set_default_timeout(60_000)
+            page.goto(f"http://127.0.0.1:{port}/rollouts?run={writer.run_id}&step=0&prompt=p0")
+            page.wait_for_selector(f"text={question}")  # the question's own characters, on the page
+            page.wait_for_selector(".js-plotly-plot")
+            page.wait_for_timeout(1500)
+            assert page.locator("[data-testid='stToolbar']").count() == 1  # the toolbar is there ...
+            assert page.locator("[data-testid='stAppDeployButton']").count() == 0  # ... without Deploy
+            assert page.locator("[data-testid='stException']").count() == 0
+            browser.close()
+    finally:
+        app.terminate()
+        app.wait(30)
+        tracker.shutdown()
+    assert requests == []

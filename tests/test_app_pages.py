@@ -30,7 +30,7 @@ from fastrl_app import analysis
 from fastrl_app.projection import MIN_UMAP_POINTS, SketchMap, pca_2d
 from fastrl_core import metrics as core_metrics
 from fastrl_core import savings, store
-from fastrl_core.store.fake_runs import fake_step
+from fastrl_core.store.fake_runs import fake_step, prompt_png
 
 MAIN = str(Path(fastrl_app.__file__).parent / "main.py")
 REPO = Path(__file__).resolve().parent.parent
@@ -199,15 +199,13 @@ def test_phases_long_reads_run_and_summary_columns():
     assert analysis.phases_long(per_run, "run_id", ("prune",))["seconds"].tolist() == [0.5]
 
 
-def test_reason_counts_and_filters():
+def test_reason_labels_and_filters():
     rollouts = pd.DataFrame({"step": [0, 0, 0, 1, 1], "prompt_id": ["a", "a", "b", "a", "b"],
                              "kept": [True, False, False, False, True],
                              "reason": ["KEPT", "ZERO_ADVANTAGE", "REDUNDANT", "ZERO_ADVANTAGE", "KEPT"],
                              "accuracy_reward": [1.0, 0.0, None, 1.0, 0.0]})
-    counts = analysis.reason_counts(rollouts)
-    assert counts.to_dict("records") == [{"step": 0, "reason": "redundant", "count": 1},
-                                         {"step": 0, "reason": "zero advantage", "count": 1},
-                                         {"step": 1, "reason": "zero advantage", "count": 1}]
+    counts = pd.DataFrame({"step": [0, 1], "reason": ["REDUNDANT", None], "count": [1, 2]})
+    assert analysis.reason_labels(counts)["reason"].tolist() == ["redundant", "—"]
     assert analysis.filter_rollouts(rollouts, prompt_id="a", kept=False).index.tolist() == [1, 3]
     assert analysis.filter_rollouts(rollouts, correct=True).index.tolist() == [0, 3]
     assert analysis.filter_rollouts(rollouts, correct=False, reasons=["REDUNDANT"]).index.tolist() == [2]
@@ -446,11 +444,11 @@ def test_rollouts_deep_link_shows_that_group_and_filters_apply(monkeypatch, trai
     assert len(table) == len(group)
     assert table["advantage"].tolist() == sorted(group["advantage"], reverse=True)
     n_kept = int(group["kept"].sum())
-    assert f"{len(group)} rollouts sampled: **{n_kept} kept**" in texts(at)
+    assert f"{len(group)} rollouts sampled (" in texts(at) and f"**{n_kept} kept**" in texts(at)
     assert table["multiplicity"].sum() == len(group)  # every sampled rollout counted once, copies at 0
     at.radio(key="rollouts_kept").set_value("no").run()
     assert len(at.dataframe[0].value) == len(group) - n_kept
-    assert set(at.dataframe[0].value["status"]) <= {"left out"}
+    assert set(at.dataframe[0].value["status"]) <= {"merged", "pruned"}
     assert at.query_params["prompt"] == prompt and at.query_params["step"] == "4"
     at.radio(key="rollouts_kept").set_value("all").run()
     reason = group["reason"].iloc[0]
@@ -475,7 +473,8 @@ def test_embeddings_page_maps_the_sketches_of_the_chosen_steps(monkeypatch, trai
     assert len(meta) > 0 and matrix.shape[1] > 0
     spec = plotly_specs(at)[0]
     assert sum(len(t["customdata"]) for t in spec["data"]) == len(meta)
-    assert {t["name"] for t in spec["data"]} <= {"kept", "pruned"}
+    assert {t["name"] for t in spec["data"]} <= {"kept (enter the passes)", "merged as duplicates (every method)",
+                                                 "pruned by the method's rule"}
     assert spec["layout"]["dragmode"] == "select"
     assert "Select points on the map" in texts(at)
     at.radio(key="map_colour").set_value("advantage").run()
@@ -553,7 +552,8 @@ def test_budget_decisions_timeline_and_multiplicity_by_hand():
     assert line["step"].tolist() == [0, 1, 3] and line["decision"].tolist() == ["full", "probe", "skip"]
     assert line["outcome"].tolist() == ["mixed", "all equal (r = 1.00)", "not sampled"]
     rollouts = pd.DataFrame({"step": [0, 0, 0, 0, 1], "prompt_id": ["a", "a", "a", "b", "a"],
-                             "completion": ["x", "y", "x", "x", "x"]})
+                             "completion": ["x", "y", "x", "x", "x"], "kept": [True, True, False, True, True],
+                             "reason": ["KEPT", "KEPT", "DUPLICATE", "KEPT", "KEPT"]})
     assert analysis.multiplicity(rollouts).tolist() == [2, 1, 0, 1, 1]  # copies per (step, prompt) only
 
 
@@ -618,7 +618,204 @@ def test_rollouts_page_shows_one_rollout_token_by_token(monkeypatch, trained):
     at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="1")
     assert "Token by token" in texts(at)
     html = at.get("html")[0].proto.body
-    tokens = json.loads(store.read_rollouts(store_dir, run_ids["fastrl"], step=1, columns=["rollout_id", "tokens"])
-                        .set_index("rollout_id").loc[at.selectbox(key="full_group").value, "tokens"])
+    tokens = store.read_tokens(store_dir, run_ids["fastrl"], 1, at.selectbox(key="full_group").value)
     assert html.count("<span title='log-prob") == len(tokens) > 0
     assert any("The same prompt in" in s.value for s in at.subheader)  # the paired GRPO run, side by side
+
+
+# ------------------------------------------------------------------- issue 45: a real run's size, and the truth
+def test_fates_and_multiplicity_follow_the_recorded_merge():
+    """A merged copy is the row recorded DUPLICATE, whatever its text's other rows; stands for counts its copies."""
+    rollouts = pd.DataFrame({"step": [0] * 6, "prompt_id": ["a"] * 5 + ["b"],
+                             "completion": ["x", "x", "x", "y", "y", "x"],
+                             "kept": [True, False, False, False, False, True],
+                             "reason": ["KEPT", "DUPLICATE", "DUPLICATE", "LOW_ADVANTAGE", "DUPLICATE", "KEPT"]})
+    assert analysis.fates(rollouts).tolist() == ["kept", "merged", "merged", "pruned", "merged", "kept"]
+    assert analysis.multiplicity(rollouts).tolist() == [3, 0, 0, 2, 0, 1]
+    fate = analysis.group_fate(rollouts[rollouts["prompt_id"] == "a"], nominal=8)
+    assert {k: fate[k] for k in ("skipped", "sampled", "kept", "merged", "pruned")} == \
+        {"skipped": 3, "sampled": 5, "kept": 1, "merged": 3, "pruned": 1}
+    assert analysis.fate_sentence(fate) == ("5 rollouts sampled (3 skipped by the budget, **1 kept**, 3 merged as "
+                                            "duplicates, 1 pruned by the rule)")
+    assert analysis.rollout_table(rollouts.assign(reward=1.0, advantage=0.0))["status"].tolist() == \
+        ["kept", "merged", "merged", "pruned", "merged", "kept"]
+
+
+def test_heatmap_pages_and_bins_a_long_run_and_the_map_samples_whole_steps():
+    matrix = pd.DataFrame({"step": [0, 0, 1, 3, 4, 5, 6], "prompt_id": ["a", "b", "c", "a", "b", "c", "a"],
+                           "sampled": [8, 6, 4, 5, 3, 8, 2], "kept": [1] * 7})
+    assert analysis.heatmap_prompts(matrix) == ["a", "b", "c"]
+    table = analysis.budget_heatmap(matrix, prompts=["a", "c"], bin_steps=3)
+    assert table.index.tolist() == ["a", "c"] and table.columns.tolist() == [0, 3, 6]
+    assert table.loc["a"].tolist() == [8.0, 5.0, 2.0] and table.loc["c", 0] == 4.0 and np.isnan(table.loc["c", 6])
+    steps = pd.DataFrame({"step": range(100), "rollouts_sampled": [512] * 100})
+    assert analysis.map_steps(steps.head(4), 8192) == [0, 1, 2, 3]  # they fit: every step
+    sample = analysis.map_steps(steps, 8192)
+    assert len(sample) == 16 and sample[0] == 0 and sample[-1] == 99 and sample == sorted(sample)
+    assert analysis.step_range("3-7", list(range(10))) == (3, 7)
+    assert analysis.step_range("7-3", list(range(10))) is None and analysis.step_range("x", [0]) is None
+
+
+def test_pages_open_on_the_fastrl_run_and_text_from_data_is_literal():
+    runs = pd.DataFrame({"run_id": ["grpo-new", "cppo", "fastrl-old", "fastrl-live"],
+                         "pruner": ["none", "cppo", "fastrl", "fastrl"], "budget": ["fixed"] * 4})
+    assert analysis.default_run(runs, ["running", "finished", "finished", "running"]) == "fastrl-live"
+    assert analysis.default_run(runs, ["running", "finished", "finished", "finished"]) == "fastrl-old"
+    assert analysis.default_run(runs.iloc[:2], ["running", "finished"]) == "cppo"
+    assert analysis.default_run(runs.iloc[:1], ["finished"]) == "grpo-new"
+    assert analysis.literal("nosuchrun") == "`nosuchrun`"
+    assert analysis.literal("![t](http://host/track.png)") == "`??t??http?//host/track.png?`"
+    assert analysis.literal("`x` :red[y] $z$ <b>") == "`?x? ?red?y? ?z? ?b?`"
+
+
+TRACKER = "![t](http://127.0.0.1:9/track.png)"  # a dataset's question holding a Markdown image
+
+
+def merged_step(step: int, method: str, question: str = f"Find x. {TRACKER}") -> "store.StepRecord":
+    """Prompt p0: 6 of plain GRPO's 8 rollouts sampled (FastRL's budget skipped 2), answers A A B C C C: A's copy
+    merged into its kept first, C's two copies merged into a first the rule pruned (the pruner gives them its reason,
+    LOW_ADVANTAGE); p1: 8 distinct answers, all kept. Tokens with log-probs; the question holds TRACKER."""
+    png = prompt_png(1)
+    texts = ["A", "A", "B", "C", "C", "C"] + [f"D{i}" for i in range(8)]
+    rewards = np.array([1.5, 1.5, 0.5, 0.0, 0.0, 0.0] + [float(i % 2) for i in range(8)])
+    group = np.array([0] * 6 + [1] * 8)
+    advantages = rewards - np.array([rewards[:6].mean()] * 6 + [rewards[6:].mean()] * 8)
+    multiplicity = np.array([2, 0, 1, 3, 0, 0] + [1] * 8)
+    if method == "grpo":
+        keep = multiplicity > 0
+        reasons = ["KEPT", "DUPLICATE", "KEPT", "KEPT", "DUPLICATE", "DUPLICATE"] + ["KEPT"] * 8
+    else:
+        keep = np.array([True, False, False, False, False, False] + [True] * 8)
+        reasons = ["KEPT", "DUPLICATE", "LOW_ADVANTAGE", "LOW_ADVANTAGE", "LOW_ADVANTAGE", "LOW_ADVANTAGE"] + \
+            ["KEPT"] * 8
+    ids = np.array([[ord(t[0]), 2 + i % 3] for i, t in enumerate(texts)])
+    return store.StepRecord(
+        step=step, prompt_ids=["p0", "p1"], questions=[question, "How many sides?"], answers=["3", "4"],
+        image_refs=[store.image_key(png)] * 2, images={store.image_key(png): png}, group_index=group,
+        completions=texts, lengths=np.full(14, 2), rewards=rewards, advantages=advantages, keep_mask=keep,
+        reasons=reasons, scores=np.abs(advantages), weights=keep.astype(float), sketches=np.eye(14, 8) + step,
+        accuracy_rewards=(rewards > 1).astype(float).tolist(), seconds={"generate": 1.0}, wall_time=step + 1.0,
+        multiplicity=multiplicity, nominal_per_prompt=8, token_ids=ids, token_mask=np.ones_like(ids, bool),
+        token_logprobs=-np.ones(ids.shape) / 4, decode_token=chr)
+
+
+@pytest.fixture()
+def merged(tmp_path) -> tuple[Path, dict[str, str]]:
+    """A FastRL run, then a newer plain-GRPO run (bench names, seed 0), three steps each of `merged_step`."""
+    run_ids = {}
+    for method in ("fastrl", "grpo"):
+        with store.RunWriter(tmp_path, name=core_metrics.bench_run_name(method, 0),
+                             config={"rollouts_per_prompt": 8, "seed": 0}, model="m", dataset="d", objective="grpo",
+                             pruner="fastrl" if method == "fastrl" else "none",
+                             budget="adaptive" if method == "fastrl" else "fixed") as writer:
+            for step in range(3):
+                store.step_rows(merged_step(step, method)).write_to(writer)
+            run_ids[method] = writer.run_id
+        time.sleep(1.1)  # GRPO is the newer run
+    return tmp_path, run_ids
+
+
+def test_merged_copies_are_their_own_part_in_the_group_charts(monkeypatch, merged):
+    """Rollouts and Demo draw the four parts (kept, merged, pruned, skipped by the budget), never merged as pruned."""
+    store_dir, run_ids = merged
+    at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="2", prompt="p0")
+    assert ("6 rollouts sampled (2 skipped by the budget, **1 kept**, 3 merged as duplicates, 2 pruned by the rule)"
+            in texts(at))
+    for page, key in ((at, "group_bars"), (open_page(monkeypatch, store_dir, "demo"), "demo_group")):
+        chart = next(s for s in plotly_specs(page) if s["layout"].get("height") == 300)
+        points = {t["name"]: _values(t["x"]) for t in chart["data"] if t.get("mode", "").startswith("markers")}
+        assert points == {"kept (enter the passes)": [0], "merged as duplicates (every method)": [1, 4, 5],
+                          "pruned by the method's rule": [2, 3], "skipped by the budget": [6, 7]}, key
+    table = at.dataframe[0].value
+    assert sorted(table["status"]) == ["kept", "merged", "merged", "merged", "pruned", "pruned"]
+    assert set(table.loc[table["status"] == "merged", "reason"]) == {"duplicate"}  # copies of a pruned answer too
+    assert sorted(table["multiplicity"]) == [0, 0, 0, 1, 2, 3]
+
+
+def test_pages_open_on_the_fastrl_run_and_keep_it_in_the_url(monkeypatch, merged):
+    store_dir, run_ids = merged
+    for page in ("budget", "rollouts", "embeddings"):
+        at = open_page(monkeypatch, store_dir, page)  # GRPO is the newer run
+        assert at.selectbox(key="picker_run").value == run_ids["fastrl"], page
+        assert at.query_params["run"] == run_ids["fastrl"], page
+    at = open_page(monkeypatch, store_dir, "embeddings", run=run_ids["fastrl"], steps="0-1")
+    assert at.select_slider(key="map_steps").value == (0, 1) and at.query_params["steps"] == "0-1"
+    at = open_page(monkeypatch, store_dir, "budget", run=run_ids["fastrl"], prompt="p1")
+    assert at.selectbox(key="timeline_prompt").value == "p1"
+
+
+def test_text_from_the_data_or_a_link_is_shown_as_text(monkeypatch, merged):
+    store_dir, run_ids = merged
+    for page in ("rollouts", "demo"):
+        at = open_page(monkeypatch, store_dir, page, run=run_ids["fastrl"], step="1", prompt="p0")
+        markdown = "\n".join(m.value for m in at.markdown)
+        assert "](" not in markdown and "![" not in markdown, page
+        assert f"Find x. {TRACKER}" in [t.value for t in at.text], page
+    at = open_page(monkeypatch, store_dir, "budget", run=run_ids["fastrl"], prompt="p0")
+    assert f"Find x. {TRACKER}" in [t.value for t in at.text]
+    at = open_page(monkeypatch, store_dir, "rollouts", run="[x](http://127.0.0.1:9/x) ![i](http://127.0.0.1:9/i)",
+                   step="`1`", prompt="<img src=x>")
+    warnings = " ".join(w.value for w in at.warning)
+    assert "](" not in warnings and "<img" not in warnings and "`1`" not in warnings
+    assert "which is not in this store" in warnings and "prompt `?img src=x?`" in warnings
+
+
+def test_a_missing_rollouts_file_is_named_on_the_page_that_needs_it(monkeypatch, merged):
+    store_dir, run_ids = merged
+    store.layout.step_file(store_dir, run_ids["fastrl"], "rollouts", 1).unlink()
+    at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="1")
+    errors = " ".join(e.value for e in at.error)
+    assert f"runs/{run_ids['fastrl']}/rollouts/step_000001.parquet" in errors and "missing" in errors
+    assert "does not log rollout text" not in texts(at)
+    assert any(f"runs/{run_ids['fastrl']}/rollouts/step_000001.parquet" in w.value for w in at.warning)  # the notice
+
+
+def test_a_step_moved_to_quarantine_leaves_a_page_already_open(monkeypatch, merged):
+    store_dir, run_ids = merged
+    at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="1")
+    assert at.select_slider(key="rollouts_step").options == ["0", "1", "2"]
+    path = f"runs/{run_ids['fastrl']}/rollouts/step_000001.parquet"
+    store.quarantine(store_dir, [store.check.Damage(path, "truncated")])
+    at.run()
+    assert not at.exception
+    assert at.select_slider(key="rollouts_step").options == ["0", "2"]
+
+
+def test_a_junk_images_file_is_named_and_not_replaced_by_another_runs_copy(monkeypatch, merged):
+    store_dir, run_ids = merged
+    store.layout.step_file(store_dir, run_ids["fastrl"], "images", 0).write_bytes(b"junk" * 100)
+    at = open_page(monkeypatch, store_dir, "rollouts", run=run_ids["fastrl"], step="2", prompt="p0")
+    assert not at.get("image")  # GRPO's run holds the same picture: not served in its place
+    assert f"runs/{run_ids['fastrl']}/images/step_000000.parquet" in texts(at)
+
+
+def test_a_seed_counts_once_in_methods_across_seeds(monkeypatch, tmp_path, designed):
+    import shutil
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(designed[0], store_dir)
+    time.sleep(1.1)
+    again = write_run(store_dir, "fastrl", seed=0).run_id  # the same method and seed, run again
+    at = open_page(monkeypatch, store_dir, None)
+    table = frame(at, "methods_table").set_index("method")
+    assert table.loc["fastrl", "seeds"] == 2 and table.loc["grpo", "seeds"] == 2
+    older = designed[1]["fastrl"]
+    assert f"{older} (fastrl, seed 0; counted: {again})" in texts(at)
+
+
+def test_the_map_of_a_long_range_is_a_sample_of_whole_steps_and_says_so(monkeypatch, tmp_path):
+    writer = store.RunWriter(tmp_path, name="wide", config={}, model="m", dataset="d", objective="grpo",
+                             pruner="fastrl", budget="fixed")
+    pngs: dict = {}
+    for step in range(20):  # 20 steps x ~500 rollouts: more than the map's 8,192 points
+        kwargs = prune(fake_step(step, prompts=64, rollouts_per_prompt=8, sketch_dim=8, dataset_size=64,
+                                      pngs=pngs))
+        writer.write_step(step, **kwargs)
+        ids = [r["rollout_id"] for r in kwargs["rollouts"]]
+        writer.set_projection(step, ids, np.random.default_rng(step).normal(size=(len(ids), 2)))  # no UMAP here
+    at = open_page(monkeypatch, tmp_path, "embeddings", steps="0-19")
+    steps = store.read_steps(tmp_path, writer.run_id)
+    mapped = analysis.map_steps(steps, 8192)
+    assert f"A sample: every rollout of {len(mapped)} of the 20 steps in the range, evenly spaced" in texts(at)
+    shown = int(steps.loc[steps["step"].isin(mapped), "rollouts_sampled"].sum())
+    assert 4096 < shown <= 8192 and f"map of {shown} rollouts" in " ".join(s.value for s in at.subheader)

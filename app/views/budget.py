@@ -2,20 +2,21 @@
 (skipped by the budget, merged as duplicates, pruned by the method's rule, kept), the budget's per-prompt decisions
 on a timeline, and a heatmap of the whole run."""
 
-import json
-
 import pandas as pd
 import streamlit as st
 
 from fastrl_app import analysis, cached, charts, widgets
 from fastrl_core import savings
 
+HEATMAP_PROMPTS = 100  # prompts a page of the heatmap shows (a real run has thousands)
+HEATMAP_COLUMNS = 200  # columns it shows at most: longer runs are binned into groups of steps
+
 st.title("Rollout budget")
 runs = widgets.runs_or_wait()
 run = widgets.pick_run(runs)
 run_id = run["run_id"]
 live = widgets.is_live(run)
-config = json.loads(run["config"]) if isinstance(run.get("config"), str) else {}
+config = widgets.run_config(run)
 n = int(config.get("rollouts_per_prompt", 8))
 n_min = int((config.get("budget_args") or {}).get("n_min", 2))
 
@@ -69,17 +70,22 @@ def budget() -> None:
                    f"budget stays at {n}.")
     with right:
         st.subheader("Why rollouts were left out")
-        counts = analysis.reason_counts(cached.rollout_steps(run_id))
+        counts = analysis.reason_labels(cached.reason_counts(run_id))
         if counts.empty:
             st.info("No sampled rollout was left out yet (or the run does not log rollouts).")
         else:
             st.plotly_chart(charts.reason_areas(counts, revision=run_id), key="reasons")
 
     st.subheader("One prompt's visits")
-    visits = matrix.groupby("prompt_id")["step"].size().sort_values(ascending=False)
-    questions = cached.questions(run_id)
-    prompt = st.selectbox("Prompt", visits.index.tolist(), key="timeline_prompt",
-                          format_func=lambda p: f"{p} · {visits[p]} visits · {questions.get(p, '')[:60]}")
+    visits = matrix.groupby("prompt_id")["step"].agg(["size", "max"]).sort_values("size", ascending=False,
+                                                                                    kind="stable")
+    options = visits.index.tolist()
+    asked = st.query_params.get("prompt")
+    prompt = st.selectbox("Prompt", options, index=options.index(asked) if asked in options else 0,
+                          key="timeline_prompt", format_func=lambda p: f"{p} · {visits.loc[p, 'size']} visits")
+    if st.query_params.get("prompt") != prompt:
+        st.query_params["prompt"] = prompt
+    widgets.labelled_text("Question.", cached.question(run_id, int(visits.loc[prompt, "max"]), prompt))
     line = analysis.prompt_timeline(cached.groups(run_id), prompt, n, n_min)
     st.plotly_chart(charts.prompt_timeline(line, revision=f"{run_id}/{prompt}"), key="timeline")
     st.dataframe(line.assign(merged=line["merged"].map(lambda v: "—" if pd.isna(v) else f"{int(v)}")),
@@ -90,12 +96,24 @@ def budget() -> None:
                "outcome the budget reads next time: a mixed group teaches something, an all-equal one does not.")
 
     st.subheader("Per-prompt budget, the whole run")
-    table = analysis.budget_heatmap(matrix)
-    kept = analysis.budget_heatmap(matrix, value="kept")
-    st.plotly_chart(charts.budget_heatmap(table, kept=kept, questions=questions, revision=run_id), key="heatmap")
-    st.caption(f"Rollouts sampled for each of the run's {len(table)} prompts at every step "
-               f"{int(matrix['step'].min())}–{int(matrix['step'].max())} (blank: not drawn; hover for the question "
-               "and how many were kept). A prompt's budget changes between visits as the controller learns how "
+    order = analysis.heatmap_prompts(matrix)
+    pages = max(1, -(-len(order) // HEATMAP_PROMPTS))
+    page = st.number_input(f"Prompts, page (of {pages}, {HEATMAP_PROMPTS} a page, by first visit)", 1, pages, 1,
+                           key="heatmap_page") if pages > 1 else 1
+    shown = order[(page - 1) * HEATMAP_PROMPTS: page * HEATMAP_PROMPTS]
+    first, last = int(matrix["step"].min()), int(matrix["step"].max())
+    bin_steps = max(1, -(-(last - first + 1) // HEATMAP_COLUMNS))
+    table = analysis.budget_heatmap(matrix, prompts=shown, bin_steps=bin_steps)
+    kept = analysis.budget_heatmap(matrix, value="kept", prompts=shown, bin_steps=bin_steps)
+    st.plotly_chart(charts.budget_heatmap(table, kept=kept, revision=f"{run_id}/{page}", bin_steps=bin_steps),
+                    key="heatmap")
+    paged = (f"prompts {(page - 1) * HEATMAP_PROMPTS + 1}–{(page - 1) * HEATMAP_PROMPTS + len(shown)} of the run's "
+             f"{len(order)} (a page of {HEATMAP_PROMPTS}, in the order they were first drawn)" if pages > 1 else
+             f"each of the run's {len(order)} prompts")
+    binned = (f"; each column sums {bin_steps} steps (the run's {last - first + 1} steps binned into "
+              f"{len(table.columns)} columns)" if bin_steps > 1 else "")
+    st.caption(f"Rollouts sampled for {paged} at every step {first}–{last}{binned} (blank: not drawn; hover for "
+               "how many were kept). A prompt's budget changes between visits as the controller learns how "
                "informative it is.")
     widgets.rerun_when_finished(run_id, live)
 

@@ -40,20 +40,26 @@ def story() -> None:
     groups = cached.groups(run_id)
     step, prompt = analysis.pick_demo_group(groups)
     group = cached.rollouts(run_id, step, prompt) if prompt is not None else pd.DataFrame()
+    nominal = int(widgets.run_config(by_id.loc[run_id]).get("rollouts_per_prompt", 0)) or None
     if group.empty:
-        st.info("This run does not log rollouts, so there is no group to show.")
+        if prompt is None or not widgets.file_problem(run_id, step, "rollouts", "its group cannot be shown"):
+            st.info("This run does not log rollouts, so there is no group to show.")
     else:
         left, right = st.columns([1, 2])
-        png = cached.image_bytes(group["image_ref"].iloc[0])
+        png, missing = cached.image(run_id, group["image_ref"].iloc[0])
         if png is not None:
             left.image(png, caption=f"step {step} · prompt {prompt}", width=300)
+        else:
+            left.caption(f"(no image shown: {missing})")
         with right:
-            st.markdown(f"**Question.** {group['question'].iloc[0] or '—'}  \n"
-                        f"**Correct answer.** `{group['answer'].iloc[0] or '—'}`")
-            st.plotly_chart(charts.group_bars(group, revision=f"demo/{step}/{prompt}"), key="demo_group")
+            widgets.labelled_text("Question.", group["question"].iloc[0])
+            widgets.labelled_text("Correct answer.", group["answer"].iloc[0])
+            skipped = analysis.group_fate(group, nominal)["skipped"] or 0
+            st.plotly_chart(charts.group_bars(group, revision=f"demo/{step}/{prompt}", skipped=skipped),
+                            key="demo_group")
         other = cached.rollouts(base_id, step, prompt) if base_id and cached.latest_step(base_id) is not None \
             and cached.latest_step(base_id) >= step else pd.DataFrame()
-        st.markdown(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO"))
+        st.markdown(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO", nominal=nominal))
         with st.expander("The answers in both runs, side by side"):
             cols = st.columns(2)
             for col, (label, rows) in zip(cols, (("FastRL", group), ("GRPO", other))):
@@ -77,7 +83,7 @@ def story() -> None:
                                 **savings.split_totals(savings.rollout_split(both[both["run_id"] == r]))}
                                for r in ids])
         st.plotly_chart(charts.split_bars(totals, revision="demo/split"), key="demo_split")
-        passes = savings.passes_after_pruning(steps, _config(by_id.loc[run_id]))
+        passes = savings.passes_after_pruning(steps, widgets.run_config(by_id.loc[run_id]))
         st.markdown(analysis.split_sentence(totals.iloc[0].to_dict(), passes))
         if base_id:
             credit = savings.credited_saving(totals.iloc[0].to_dict(), totals.iloc[1].to_dict())
@@ -105,7 +111,7 @@ def story() -> None:
     base_method = labels.set_index("run_id").loc[base_id, "method"]
     ids = bench.loc[bench["method"].isin([method, base_method]), "run_id"].tolist()
     sampled, y_title = widgets.accuracy_choice(ids, key="demo_accuracy")
-    per_run, summary, curves = cached.comparison(ids, sampled=sampled)
+    per_run, summary, curves, left_out = cached.comparison(ids, sampled=sampled)
     by_method = summary.set_index("method") if len(summary) else pd.DataFrame()
     counts = curves.groupby("run_id").size().reindex(ids).fillna(0).astype(int).tolist() if len(curves) else [0]
     window = analysis.visible_window(counts, metrics.WINDOW)
@@ -131,13 +137,8 @@ def story() -> None:
     cols[3].metric("FastRL accuracy", report.percent(metrics.interval(ours, "final_accuracy")))
     cols[4].metric("GRPO accuracy", report.percent(metrics.interval(theirs, "final_accuracy")))
     running = any(widgets.status(widgets.current(r)) == "running" for r in ids)
-    st.caption(report.comparison_caption(method, base_method, seeds, len(theirs["seeds"]), window, sampled, running))
-
-
-def _config(run: pd.Series) -> dict:
-    import json
-
-    return json.loads(run["config"]) if isinstance(run.get("config"), str) else {}
+    st.caption(report.comparison_caption(method, base_method, seeds, len(theirs["seeds"]), window, sampled, running)
+               + report.left_out_sentence(left_out))
 
 
 # Always polling (slowly when nothing trains): a demo's runs may appear or finish at any time.

@@ -1,35 +1,42 @@
 """Embeddings: the rollouts' gradient sketches on a 2-D map; a box or lasso selection shows those rollouts
-with their prompt images. UMAP is fitted in a background thread (PCA until it is ready)."""
+with their prompt images. UMAP is fitted in a background thread (PCA until it is ready). A range of steps holding
+more than MAX_POINTS rollouts is sampled by whole steps, evenly spaced, and the page says so; ?steps=a-b links a
+range."""
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
 from fastrl_app import analysis, cached, charts, widgets
+from fastrl_core.savings import SPLIT_LABELS
 
-COLOURS = {"kept / pruned": "status", "advantage": "advantage", "correct / wrong": "correct"}
-MAX_POINTS = 4096
+COLOURS = {"kept / merged / pruned": "status", "advantage": "advantage", "correct / wrong": "correct"}
+MAX_POINTS = 8192  # the map's points at most: a wider step range is sampled (whole steps, evenly spaced)
 PAGE_SIZE = 12
 
 st.title("Gradient-sketch map")
 all_runs = widgets.runs_or_wait()
-sketching = all_runs[all_runs["pruner"] != "none"]  # plain GRPO computes no sketches: open on a run that has them
-run, steps = widgets.run_with_steps("No step written yet.",
-                                    default=sketching["run_id"].iloc[0] if len(sketching) else None)
+run, steps = widgets.run_with_steps("No step written yet.")  # opens on a FastRL run, which has sketches
 run_id = run["run_id"]
 
 step_ids = steps["step"].astype(int).tolist()
 if len(step_ids) > 1:
-    low, high = st.sidebar.select_slider("Steps", step_ids, value=(step_ids[max(0, len(step_ids) - 5)], step_ids[-1]),
-                                         key="map_steps")
+    asked = analysis.step_range(st.query_params.get("steps"), step_ids)
+    low, high = st.sidebar.select_slider("Steps", step_ids, key="map_steps", value=asked or (
+        step_ids[max(0, len(step_ids) - 5)], step_ids[-1]))
+    if st.query_params.get("steps") != f"{low}-{high}":
+        st.query_params["steps"] = f"{low}-{high}"  # a link opens the same range
 else:
     low = high = step_ids[0]
 colour = COLOURS[st.sidebar.radio("Colour by", list(COLOURS), key="map_colour")]
 window = [s for s in step_ids if low <= s <= high]
-meta, matrix = cached.sketches(run_id, window, limit=MAX_POINTS)
+mapped = analysis.map_steps(steps[steps["step"].isin(window)], MAX_POINTS)
+meta, matrix = cached.sketches(run_id, mapped, limit=MAX_POINTS)
+unread = [s for s in mapped if widgets.file_problem(run_id, s, "rollouts", "its rollouts are not on the map")]
 if meta.empty:
-    logged = not cached.rollouts(run_id, window[-1]).empty
-    if not logged:
+    if unread:
+        widgets.stop()
+    if cached.rollouts(run_id, window[-1]).empty:
         st.info(f"Run `{run_id}` was trained without rollout logging (log_rollouts=false): it stored no rollouts "
                 "and so no sketches.")
     elif run["pruner"] == "none":
@@ -38,15 +45,18 @@ if meta.empty:
     else:
         st.info(f"No gradient sketches in steps {low}–{high} of `{run_id}`: its pruner `{run['pruner']}` does not "
                 "use them (only FastRL's does).")
-    st.stop()
+    widgets.stop()
 
 projection = cached.project(run_id, meta, matrix)
 points = meta.assign(x=projection.xy[:, 0], y=projection.xy[:, 1],
-                     status=np.where(meta["kept"], "kept", "pruned"),
+                     status=analysis.fates(meta).map(SPLIT_LABELS),
                      correct=np.where(meta["accuracy_reward"].fillna(0) > 0, "correct", "wrong")).dropna(subset=["x"])
 st.subheader(f"{projection.method.upper()} map of {len(points)} rollouts, steps {low}–{high}")
-st.caption(f"{len(points)} rollouts of steps {low}–{high}"
-           f"{f' (first {MAX_POINTS})' if len(meta) == MAX_POINTS else ''}. {projection.note} Each point is one "
+sample = ("" if len(mapped) == len(window) else
+          f" A sample: every rollout of {len(mapped)} of the {len(window)} steps in the range, evenly spaced (the map "
+          f"holds at most {MAX_POINTS:,} points; narrow the range to see every step).")
+cut = f" Cut at the first {MAX_POINTS:,} of them." if len(meta) == MAX_POINTS else ""
+st.caption(f"{len(points):,} rollouts of steps {low}–{high}.{sample}{cut} {projection.note} Each point is one "
            "rollout's gradient sketch (last-layer policy gradient, randomly projected); nearby points push the model "
            "in similar directions. Drag a box or lasso around points to see them below.")
 
@@ -77,8 +87,9 @@ def map_and_selection() -> None:
         return
     chosen = points.set_index(["step", "rollout_id"]).loc[picked].reset_index()
     st.subheader(f"{len(chosen)} selected rollouts")
-    kept = int(chosen["kept"].sum())
-    st.caption(f"{kept} kept, {len(chosen) - kept} left out · mean advantage {chosen['advantage'].mean():+.2f} · "
+    fate = analysis.fates(chosen).value_counts()
+    st.caption(f"{fate.get('kept', 0)} kept, {fate.get('merged', 0)} merged as duplicates, {fate.get('pruned', 0)} "
+               f"pruned by the rule · mean advantage {chosen['advantage'].mean():+.2f} · "
                f"{(chosen['accuracy_reward'].fillna(0) > 0).mean():.0%} correct · in map order (step, then rollout)")
     details = pd.concat([cached.rollouts(run_id, int(s)) for s in chosen["step"].unique()])
     chosen = chosen.sort_values(["step", "rollout_id"], key=lambda c: c if c.name == "step" else
@@ -90,9 +101,9 @@ def map_and_selection() -> None:
         if pages > 1 else 1
     part = chosen.iloc[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
     table = pd.DataFrame({
-        "image": [cached.image_data_url(ref) for ref in part["image_ref"]],
-        "step": part["step"], "status": [("kept" if k else f"left out: {analysis.reason_label(r)}")
-                                         for k, r in zip(part["kept"], part["reason"])],
+        "image": [cached.image_data_url(run_id, ref) for ref in part["image_ref"]],
+        "step": part["step"], "status": [f if f == "kept" else f"{f}: {analysis.reason_label(r)}"
+                                         for f, r in zip(analysis.fates(part), part["reason"])],
         "advantage": part["advantage"].round(3), "reward": part["reward"].round(2),
         "question": part["question"].fillna("—"), "completion": part["completion"].fillna("—"),
         "group": [f"rollouts?run={run_id}&step={s}&prompt={p}" for s, p in zip(part["step"], part["prompt_id"])]})

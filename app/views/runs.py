@@ -4,12 +4,12 @@ method, from `fastrl_core.metrics` like `fastrl bench`), and chosen runs side by
 import pandas as pd
 import streamlit as st
 
-from fastrl_app import analysis, cached, charts, palette, widgets
+from fastrl_app import analysis, cached, charts, palette, report, widgets
 from fastrl_core import metrics, savings
 from fastrl_core.store.schema import PHASES
 
 st.title("Runs")
-runs = widgets.runs_or_wait()
+runs = widgets.runs_or_wait(totals=True)
 
 st.caption(f"Store `{cached.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "
            "training, evaluation excluded).")
@@ -68,7 +68,7 @@ def methods_section() -> None:
         st.info("Pick one or more methods.")
         return
     sampled, y_title = widgets.accuracy_choice(ids, key="methods_accuracy")
-    per_run, summary, curves = cached.comparison(ids, sampled=sampled)
+    per_run, summary, curves, left_out = cached.comparison(ids, sampled=sampled)
     x, x_title = X_AXES[x_name]
     bands = pd.concat([metrics.band(c, x=x).assign(method=m) for m, c in curves.groupby("method", sort=False)],
                       ignore_index=True) if len(curves) else pd.DataFrame()
@@ -91,7 +91,7 @@ def methods_section() -> None:
         "gain over the warm start"
         + (f" (accuracy {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))})" if len(target) else "")
         + f"; reached target counts the seeds that got there. AUC: mean accuracy over the first "
-        f"{per_run['horizon'].iloc[0]:.1f} s (the shortest run).")
+        f"{per_run['horizon'].iloc[0]:.1f} s (the shortest run)." + report.left_out_sentence(left_out))
     phases = analysis.phases_long(summary, "method", PHASES)
     if not phases.empty:
         st.plotly_chart(charts.phase_bars(phases, revision="methods", label="method"), key="methods_phases")
@@ -124,7 +124,7 @@ ids = runs["run_id"].tolist()
 chosen = st.multiselect("Runs to compare", ids, default=ids[: min(len(ids), 4)], key="compare_runs")
 if not chosen:
     st.info("Pick one or more runs to compare.")
-    st.stop()
+    widgets.stop()
 left, right = st.columns(2)
 x_axis = left.radio("x-axis", ["wall-clock seconds", "step"], horizontal=True, key="compare_x")
 accuracy_source = right.radio("accuracy", ["eval (greedy, held-out)", "train rollouts (5-step mean)"],
@@ -137,7 +137,7 @@ def compare() -> None:
     if steps.empty:
         st.info("No steps written yet for these runs.")
         return
-    per_run, _, curves = cached.comparison(chosen)
+    per_run, _, curves, _ = cached.comparison(chosen, one_per_seed=False)  # every chosen run, side by side
     source = "eval" if accuracy_source.startswith("eval") else "train"
     if source == "eval" and curves.empty:
         st.warning("These runs have no evaluations yet; showing the training-rollout accuracy instead.")

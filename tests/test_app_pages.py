@@ -819,3 +819,16 @@ def test_the_map_of_a_long_range_is_a_sample_of_whole_steps_and_says_so(monkeypa
     assert f"A sample: every rollout of {len(mapped)} of the 20 steps in the range, evenly spaced" in texts(at)
     shown = int(steps.loc[steps["step"].isin(mapped), "rollouts_sampled"].sum())
     assert 4096 < shown <= 8192 and f"map of {shown} rollouts" in " ".join(s.value for s in at.subheader)
+
+
+def test_the_app_hides_the_deploy_button_wherever_it_is_launched_from():
+    """`fastrl app` / `fastrl demo` pass the toolbar mode themselves (an installed package has no .streamlit/
+    config.toml in reach); `streamlit run` from the checkout reads the same from the config file."""
+    import tomllib
+
+    from app.launch import streamlit_command
+
+    command = streamlit_command(Path("runs"), port=8501, address="127.0.0.1")
+    assert command[command.index("--client.toolbarMode") + 1] == "viewer"
+    config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
+    assert config["client"]["toolbarMode"] == "viewer"

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_pages.py --store runs               # serves the store itself
     .venv/bin/python benchmarks/bench_pages.py --url http://127.0.0.1:8501  # an app already serving
 
-A page's time runs from `goto` until Streamlit has no script running and the network is idle (charts drawn);
+A page's time runs from `goto` until its first script run has ended (the app root's script state) and the network
+is idle (charts drawn);
 each page is loaded `--repeats` times in a fresh tab and the median and range are printed. `bench_app.py` times
 the same pages without a browser (AppTest) on a large synthetic store. Run on a quiet machine.
 """
@@ -17,7 +18,9 @@ from pathlib import Path
 
 PAGES = ("runs", "budget", "rollouts", "embeddings", "demo")
 CHROMIUM = "/usr/bin/chromium"
-IDLE = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+# The app root's script state: "initial" until the page's first script run, "running", then "notRunning" once it
+# has ended. (Waiting for the status widget to be absent ended too early: on a cold app it had not appeared yet.)
+IDLE = "() => document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'"
 
 
 def time_page(browser, url: str) -> float:
@@ -27,7 +30,6 @@ def time_page(browser, url: str) -> float:
         start = time.perf_counter()
         page.goto(url)
         page.wait_for_selector("[data-testid='stMainBlockContainer']")
-        page.wait_for_timeout(300)  # let the first script run start
         page.wait_for_function(IDLE)
         page.wait_for_load_state("networkidle")
         return time.perf_counter() - start

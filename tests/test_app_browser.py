@@ -70,17 +70,24 @@ def served(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(served):
+def browser():
+    """One headless Chromium for the module (Playwright's sync API runs once per process)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.set_default_timeout(60_000)
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(served, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    page.set_default_timeout(60_000)
+    yield page
+    page.close()
 
 
 def metric_value(page, label: str) -> str:
@@ -154,7 +161,7 @@ def test_rollouts_deep_link_and_the_other_pages_render(served, page):
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
 
 
-def test_no_deploy_button_and_a_question_is_text_that_fetches_nothing(tmp_path, monkeypatch):
+def test_no_deploy_button_and_a_question_is_text_that_fetches_nothing(tmp_path, monkeypatch, browser):
     """The app launched outside the checkout (no .streamlit/config.toml in reach) shows no Deploy button, and a
     question holding a Markdown image is shown as its text: the browser never requests the image."""
     import http.server
@@ -182,22 +189,19 @@ def test_no_deploy_button_and_a_question_is_text_that_fetches_nothing(tmp_path, 
     monkeypatch.chdir(elsewhere)
     port = free_port()
     app = serve(tmp_path / "store", port=port, timeout=90)
-    from playwright.sync_api import sync_playwright
-
+    tab = browser.new_page(viewport={"width": 1400, "height": 1800})
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.set_default_timeout(60_000)
-            page.goto(f"http://127.0.0.1:{port}/rollouts?run={writer.run_id}&step=0&prompt=p0")
-            page.wait_for_selector(f"text={question}")  # the question's own characters, on the page
-            page.wait_for_selector(".js-plotly-plot")
-            page.wait_for_timeout(1500)
-            assert page.locator("[data-testid='stToolbar']").count() == 1  # the toolbar is there ...
-            assert page.locator("[data-testid='stAppDeployButton']").count() == 0  # ... without Deploy
-            assert page.locator("[data-testid='stException']").count() == 0
-            browser.close()
+        tab.set_default_timeout(60_000)
+        tab.goto(f"http://127.0.0.1:{port}/rollouts?run={writer.run_id}&step=0&prompt=p0")
+        tab.wait_for_selector(".js-plotly-plot")
+        tab.wait_for_timeout(1500)
+        assert tab.locator("[data-testid='stToolbar']").count() == 1  # the toolbar is there ...
+        assert tab.locator("[data-testid='stAppDeployButton']").count() == 0  # ... without Deploy
+        assert requests == []  # the question's image link was not followed
+        tab.wait_for_selector(f"text={question}")  # the question's own characters, on the page
+        assert tab.locator("[data-testid='stException']").count() == 0
     finally:
+        tab.close()
         app.terminate()
         app.wait(30)
         tracker.shutdown()

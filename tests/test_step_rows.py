@@ -1,7 +1,6 @@
 """The one builder of a step's store rows: group statistics by hand, rows that validate against the store schema
 and are written and read back by the store, and clear errors for mis-sized inputs."""
 
-import json
 import math
 
 import numpy as np

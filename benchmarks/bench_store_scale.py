@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from fastrl_core import metrics, store
-from fastrl_core.store import PHASES, StepResult, image_key, step_rows
+from fastrl_core.store import PHASES, StepRecord, image_key, step_rows
 
 REAL = {"steps": 800, "prompts": 64, "tokens": 512, "problems": 2101}  # the paper's Geometry3K run
 ROLLOUTS_PER_PROMPT = 8
@@ -117,7 +117,7 @@ def question(problem: int) -> str:
 
 
 class RunData:
-    """Training steps of one method as the trainer would record them: `result(step)` is the step's StepResult."""
+    """Training steps of one method as the trainer would record them: `result(step)` is the step's StepRecord."""
 
     def __init__(self, scale: Scale, method: str, seed: int = 0) -> None:
         self.scale, self.method, self.seed = scale, method, seed
@@ -156,7 +156,7 @@ class RunData:
         n[decided & (draw >= 0.6) & (draw < 0.8)] = 0
         return n
 
-    def result(self, step: int, seconds: dict[str, float], wall_time: float) -> StepResult:
+    def result(self, step: int, seconds: dict[str, float], wall_time: float) -> StepRecord:
         rng = np.random.default_rng([self.seed, step, 3])
         problems = self.problems(step)
         counts = self.counts(rng, problems, step)
@@ -189,7 +189,7 @@ class RunData:
         refs = [self.image(int(p))[0] for p in problems]
         new = {self.image(int(p))[0]: self.image(int(p))[1] for p in problems if int(p) not in self.stored}
         self.stored.update(int(p) for p in problems)
-        return StepResult(
+        return StepRecord(
             step=step, prompt_ids=[f"geo3k-{p:04d}" for p in problems], questions=[question(int(p)) for p in problems],
             answers=[str(int(p) % 90 + 2) for p in problems], image_refs=refs, images=new, group_index=group,
             completions=texts, lengths=lengths, rewards=rewards, advantages=advantages, keep_mask=keep,
@@ -349,8 +349,8 @@ def timed(fn, repeat: int = 3) -> tuple[float, float]:
 def report_reads(root: Path, run_ids: dict[str, str], repeat: int) -> None:
     import pyarrow.parquet as pq
 
-    from app.analysis import map_steps
-    from app.projection import pca_2d
+    from fastrl_app.analysis import map_steps
+    from fastrl_app.projection import pca_2d
 
     run_id = run_ids.get("fastrl") or next(iter(run_ids.values()))
     steps = store.read_steps(root, run_id)
@@ -406,7 +406,7 @@ def report_maintenance(root: Path, run_ids: dict[str, str]) -> None:
 def report_pages(root: Path, run_ids: dict[str, str], repeats: int, port: int) -> None:
     from playwright.sync_api import sync_playwright
 
-    from app.launch import serve
+    from fastrl_app.launch import serve
     from bench_pages import CHROMIUM, time_page
 
     run_id = run_ids.get("fastrl") or next(iter(run_ids.values()))

@@ -826,7 +826,7 @@ def test_the_app_hides_the_deploy_button_wherever_it_is_launched_from():
     config.toml in reach); `streamlit run` from the checkout reads the same from the config file."""
     import tomllib
 
-    from app.launch import streamlit_command
+    from fastrl_app.launch import streamlit_command
 
     command = streamlit_command(Path("runs"), port=8501, address="127.0.0.1")
     assert command[command.index("--client.toolbarMode") + 1] == "viewer"

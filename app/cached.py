@@ -24,10 +24,6 @@ import streamlit as st
 from fastrl_app.projection import Projection, SketchMap
 from fastrl_core import metrics, store
 
-__all__ = ["store_dir", "runs", "latest_step", "version", "steps", "evals", "groups", "rollouts", "damaged",
-           "damaged_path", "budget_matrix", "reason_counts", "question", "tokens", "sketches", "image",
-           "image_data_url", "sketch_map", "project", "comparison", "has_sampled", "damage_notice"]
-
 
 def store_dir() -> Path:
     """The store directory: `--store` in the script arguments, else $FASTRL_STORE, else ./runs."""

@@ -28,7 +28,7 @@ def is_live(run: pd.Series) -> bool:
 
 
 def stop() -> None:
-    """End the page here (st.stop), after naming the damaged store files its reads skipped (data.damage_notice,
+    """End the page here (st.stop), after naming the damaged store files its reads skipped (cached.damage_notice,
     which app/main.py draws after a page that runs to its end)."""
     cached.damage_notice()
     st.stop()
@@ -48,7 +48,7 @@ def wait_for_runs() -> None:
 
 
 def runs_or_wait(*, totals: bool = False) -> pd.DataFrame:
-    """Every run in the store (`data.runs`); on an empty store, say so, wait for one and stop the page here."""
+    """Every run in the store (`cached.runs`); on an empty store, say so, wait for one and stop the page here."""
     runs = cached.runs(totals)
     if runs.empty:
         wait_for_runs()
@@ -157,7 +157,7 @@ def labelled_text(label: str, text: object) -> None:
 
 
 def file_problem(run_id: str, step: int, table: str, what: str) -> bool:
-    """When the step's `table` file did not read (data.damaged), an error naming the file and why, and how to move
+    """When the step's `table` file did not read (cached.damaged), an error naming the file and why, and how to move
     it aside; returns whether it said so. `what`: what the page cannot show without it."""
     problem = cached.damaged(run_id, step, table)
     if problem is None:

@@ -61,7 +61,8 @@ def _eval(args: argparse.Namespace) -> int:
 
         problems = load_problems(ensure_dataset(Path(args.store) / "data") / args.split, limit=args.limit)
     else:
-        problems = load_problems(args.dataset, split=args.split, limit=args.limit, skip_bad=args.skip_bad)
+        problems = load_problems(args.dataset, split=args.split, limit=args.limit, skip_bad=args.skip_bad,
+                                 allow_outside_paths=args.allow_outside_paths)
     policy = load_policy(args.model)
     result = evaluate(policy, problems, template=args.template, batch_size=args.batch_size)
     writer = RunWriter(args.store, name=f"eval-{Path(str(args.model)).name}", config=vars(args), model=str(args.model),
@@ -162,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted) instead of failing")
+    p.add_argument("--allow-outside-paths", action="store_true", help="let the dataset's image paths lead outside "
+                   "its folder (absolute, '..', symlinks); without it such a row is a bad row")
     p.add_argument("--store", default="runs")
     p.set_defaults(func=_eval)
 

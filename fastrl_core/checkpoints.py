@@ -1,64 +1,108 @@
-"""Crash-safe checkpoints: a kill at any instant leaves one complete checkpoint, the old one or the new.
+"""Crash-safe, verified checkpoints: a kill at any instant leaves whole checkpoints, and a damaged one is found.
 
-    <store_dir>/checkpoints/<run_id>/step_000040/{policy/, trainer.pt, budget.json}   one complete checkpoint
-    <store_dir>/checkpoints/<run_id>/latest                                           "step_000040"
-    <store_dir>/checkpoints/<run_id>/.tmp-step_000050-<pid>/                          one being written
+    <store_dir>/checkpoints/<run_id>/step_000040/{policy/, trainer.pt, budget.json, manifest.json}  the newest
+    <store_dir>/checkpoints/<run_id>/step_000030/...                                                the previous
+    <store_dir>/checkpoints/<run_id>/latest                                                         "step_000040"
+    <store_dir>/checkpoints/<run_id>/.tmp-step_000050-<pid>/                                        one being written
 
-`save` writes into a temp folder, renames it to its step's name (atomic: the folder appears whole or not at all),
-then replaces the `latest` pointer with `os.replace` and only then deletes the older checkpoints. `find_latest`
-takes the pointer's folder, else the highest complete step folder (a kill between the rename and the pointer),
-else a checkpoint of the layout before this one (`<run_id>/trainer.pt`, or a complete `<run_id>.tmp` that the
-old non-atomic swap left behind). Temp folders are never read; `save` and `remove_stale` delete them.
+`save` writes into a temp folder, records every file's size and sha256 in its `manifest.json`
+(`fastrl_core.store.manifest`), renames the folder to its step's name (atomic: it appears whole or not at all),
+replaces the `latest` pointer with `os.replace`, and only then deletes the checkpoints older than the previous one:
+the newest two (KEEP) stay, so a damaged newest one has a whole one to fall back to.
+
+`load_whole` is what `--resume` reads: the pointer's folder, then every other step folder newest first, then a
+checkpoint of the layout before step folders (`<run_id>/trainer.pt`, or a complete `<run_id>.tmp` the old
+non-atomic swap left). A folder with a manifest is whole when its files match it (`fastrl store check` verifies
+the same); a folder written before manifests (no `manifest.json`) is taken when it loads without an error. The
+first whole one is loaded; the damaged ones skipped are named in one logged line; when every checkpoint is
+damaged, `DamagedCheckpoint` stops the resume. Temp folders are never read; `save` and `remove_stale` delete them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from fastrl_core import faults
-from fastrl_core.store.layout import disk_full
+from fastrl_core.store.layout import checkpoint_folders, checkpoint_root, disk_full
+from fastrl_core.store.manifest import has_manifest, manifest_problem, write_manifest
 
-_STEP_DIR = re.compile(r"step_(\d{6,})")
-COMPLETE_MARKERS = ("trainer.pt", "budget.json")  # written last by every layout: a folder with both is whole
+logger = logging.getLogger(__name__)
+Loaded = TypeVar("Loaded")
+LEGACY_MARKERS = ("trainer.pt", "budget.json")  # written last by the layouts before manifests: both = whole
+KEEP = 2  # checkpoints kept: the newest and the previous one, its fallback
+
+
+class DamagedCheckpoint(ValueError):
+    """A run has checkpoints but none is whole: nothing to resume from (the CLI prints it as one line, exit 2)."""
 
 
 def root(store_dir: str | Path, run_id: str) -> Path:
-    return Path(store_dir) / "checkpoints" / run_id
+    return checkpoint_root(Path(store_dir), run_id)
 
 
 def _complete(folder: Path) -> bool:
-    return folder.is_dir() and all((folder / name).is_file() for name in COMPLETE_MARKERS)
+    """Whether a rename or a pointer may have made `folder` a checkpoint (whole or damaged since)."""
+    return folder.is_dir() and (has_manifest(folder) or all((folder / name).is_file() for name in LEGACY_MARKERS))
 
 
-def step_folders(run_root: Path) -> list[tuple[int, Path]]:
-    """The run's checkpoint folders (step, path), oldest first."""
-    if not run_root.is_dir():
-        return []
-    found = [(int(m.group(1)), run_root / e.name) for e in os.scandir(run_root)
-             if e.is_dir() and (m := _STEP_DIR.fullmatch(e.name))]
-    return sorted(found)
+def candidates(run_root: Path) -> list[Path]:
+    """The run's checkpoints, newest first: the pointer's folder, the other step folders, a legacy layout's."""
+    found = [folder for _, folder in reversed(checkpoint_folders(run_root))]
+    try:
+        named = run_root / (run_root / "latest").read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        named = None
+    if named in found:
+        found = [named, *(folder for folder in found if folder != named)]
+    legacy = [folder for folder in (run_root, run_root.with_name(run_root.name + ".tmp")) if _complete(folder)]
+    return found + legacy
 
 
 def find_latest(run_root: Path) -> Path | None:
-    """The folder of the run's last complete checkpoint, or None (see the module docstring)."""
-    pointer = run_root / "latest"
-    try:
-        named = run_root / pointer.read_text().strip()
-    except (FileNotFoundError, NotADirectoryError):
-        named = None
-    if named is not None and _STEP_DIR.fullmatch(named.name) and _complete(named):
-        return named
-    for _, folder in reversed(step_folders(run_root)):
-        if _complete(folder):
-            return folder
-    for legacy in (run_root, run_root.with_name(run_root.name + ".tmp")):
-        if _complete(legacy):
-            return legacy
+    """The folder `load_whole` tries first (whole or not), or None when the run has no checkpoint."""
+    return next(iter(candidates(run_root)), None)
+
+
+def load_whole(run_root: Path, load: Callable[[Path], Loaded]) -> tuple[Path, Loaded] | None:
+    """(folder, load(folder)) of the run's newest whole checkpoint, or None when it has no checkpoint at all (the run
+    then resumes from its first step). A damaged one (its files differ from its manifest; without a manifest,
+    `load` raised) is skipped and named in one logged line; DamagedCheckpoint when none is whole."""
+    damaged: list[tuple[Path, str]] = []
+    for folder in candidates(run_root):
+        problem = manifest_problem(folder) if has_manifest(folder) else None
+        if problem is None:
+            try:
+                loaded = load(folder)
+            except Exception as error:  # noqa: BLE001 - torch, safetensors and json each raise their own
+                if has_manifest(folder):
+                    raise  # its files are those written: a loading error is not damage
+                problem = f"it does not load ({type(error).__name__}: {_first_line(error)})"
+            else:
+                if damaged:
+                    logger.warning("run %s: %s; resuming from the previous whole checkpoint %s", run_root.name,
+                                   _listed(damaged), folder.name)
+                return folder, loaded
+        damaged.append((folder, problem))
+    if damaged:
+        store = run_root.parent.parent
+        raise DamagedCheckpoint(
+            f"run {run_root.name}: no whole checkpoint to resume from: {_listed(damaged)} (`fastrl store check "
+            f"{store} --quarantine` moves the damaged ones aside; --resume then restarts the run from its first step)")
     return None
+
+
+def _listed(damaged: list[tuple[Path, str]]) -> str:
+    parts = [f"{folder.name} ({problem})" for folder, problem in damaged]
+    return f"checkpoint {parts[0]} is damaged" if len(parts) == 1 else f"checkpoints {', '.join(parts)} are damaged"
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")[:160]
 
 
 def remove_stale(run_root: Path) -> None:
@@ -73,18 +117,19 @@ def remove_stale(run_root: Path) -> None:
 
 
 def save(run_root: Path, step: int, write: Callable[[Path], None]) -> Path:
-    """Write a checkpoint of `step` with `write(folder)` (it must write COMPLETE_MARKERS last) and swap it in;
-    returns its folder. A checkpoint of the same step that exists already is kept (the state is the same). On an
-    error (a full disk) the temp folder is removed and the previous checkpoint stays the latest."""
+    """Write a checkpoint of `step` with `write(folder)`, record its manifest and swap it in; returns its folder.
+    A whole checkpoint of the same step that exists already is kept (the state is the same); a damaged one is
+    replaced. On an error (a full disk) the temp folder is removed and the previous checkpoint stays the latest."""
     final = run_root / f"step_{step:06d}"
     run_root.mkdir(parents=True, exist_ok=True)
     remove_stale(run_root)
-    if not _complete(final):
+    if not (has_manifest(final) and manifest_problem(final) is None):
         tmp = run_root / f".tmp-{final.name}-{os.getpid()}"
         try:
             tmp.mkdir()
             write(tmp)
-            if final.exists():  # an incomplete folder of this step cannot exist (renames are whole), but be sure
+            write_manifest(tmp)
+            if final.exists():  # a damaged (or pre-manifest) folder of this step
                 shutil.rmtree(final)
             os.rename(tmp, final)
         except BaseException as error:
@@ -99,15 +144,22 @@ def save(run_root: Path, step: int, write: Callable[[Path], None]) -> Path:
     tmp_pointer.write_text(final.name)
     os.replace(tmp_pointer, pointer)
     faults.reach("checkpoint.pointed")
-    for _, folder in step_folders(run_root):
-        if folder != final:
+    _remove_older(run_root, step)
+    return final
+
+
+def _remove_older(run_root: Path, step: int) -> None:
+    """Keep the checkpoint of `step` and the KEEP - 1 complete ones before it; delete the rest (older ones, and
+    newer ones a resume from an earlier checkpoint left behind) and the layout before step folders."""
+    earlier = [folder for s, folder in checkpoint_folders(run_root) if s < step and _complete(folder)]
+    keep = {run_root / f"step_{step:06d}", *earlier[len(earlier) - (KEEP - 1):]}
+    for _, folder in checkpoint_folders(run_root):
+        if folder not in keep:
             shutil.rmtree(folder, ignore_errors=True)
-    for legacy in (run_root.with_name(run_root.name + ".tmp"),):
-        shutil.rmtree(legacy, ignore_errors=True)
-    for name in ("policy", *COMPLETE_MARKERS):  # the layout before step folders
+    shutil.rmtree(run_root.with_name(run_root.name + ".tmp"), ignore_errors=True)
+    for name in ("policy", *LEGACY_MARKERS):  # the layout before step folders
         path = run_root / name
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists():
             path.unlink()
-    return final

@@ -112,6 +112,8 @@ class TrainConfig:
                           "file or a hub dataset")
     dataset_skip_bad: bool = option(False, "skip bad dataset rows (missing/unreadable image, missing answer), counted "
                                     "and logged, instead of stopping at the first (like `fastrl eval --skip-bad`)")
+    dataset_allow_outside_paths: bool = option(False, "let the dataset's image paths lead outside its folder "
+                                               "(absolute, '..', symlinks); off: such a row is a bad row")
     train_split: str = option("train", "split used for training")
     test_split: str = option("test", "split used for evaluation")
     synthetic_train: int = option(2048, "synthetic dataset: training problems", bounds=">= 1")

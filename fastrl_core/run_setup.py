@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastrl_core.config import ConfigError, TrainConfig
-from fastrl_core.data.problems import Problem
+from fastrl_core.data.problems import DataError, LoadedProblems, Problem
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.resolve import ENGINES
 from fastrl_core.store import layout as store_layout
@@ -46,6 +46,7 @@ def preflight(config: TrainConfig, resume: str | None) -> int | None:
 
 
 def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
+    """The train and test problems; DataError when the train split has fewer problems than one step takes."""
     from fastrl_core.data.problems import load_problems
 
     if config.dataset == "synthetic":
@@ -54,9 +55,22 @@ def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
         root = ensure_dataset(Path(config.store_dir) / "data", n_train=config.synthetic_train,
                               n_test=config.synthetic_test, seed=0, kinds=config.synthetic_kinds or None,
                               levels=config.synthetic_levels or None)
-        return load_problems(root / config.train_split), load_problems(root / config.test_split)
-    return (load_problems(config.dataset, split=config.train_split, skip_bad=config.dataset_skip_bad),
-            load_problems(config.dataset, split=config.test_split, skip_bad=config.dataset_skip_bad))
+        train, test = load_problems(root / config.train_split), load_problems(root / config.test_split)
+    else:
+        train, test = (load_problems(config.dataset, split=split, skip_bad=config.dataset_skip_bad,
+                                     allow_outside_paths=config.dataset_allow_outside_paths)
+                       for split in (config.train_split, config.test_split))
+    check_enough_problems(config, train)
+    return train, test
+
+
+def check_enough_problems(config: TrainConfig, train: LoadedProblems) -> None:
+    """A step takes prompts_per_step distinct problems: fewer is refused in one line (DataError)."""
+    if len(train) < config.prompts_per_step:
+        skipped = f" ({len(train.skipped)} bad rows skipped)" if train.skipped else ""
+        raise DataError(f"dataset {config.dataset!r} split {config.train_split!r}: {len(train)} usable problems"
+                        f"{skipped}, fewer than prompts_per_step={config.prompts_per_step} (one step takes that "
+                        "many distinct problems): lower prompts_per_step or add problems")
 
 
 def make_engine(config: TrainConfig, policy: Policy, projection: SketchProjection | None) -> Engine:

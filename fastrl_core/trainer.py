@@ -210,9 +210,9 @@ class Trainer:
         store_meta = dict(model=config.model, dataset=config.dataset, objective=config.objective,
                           pruner=config.pruner, budget=config.budget)
         if resume:
-            found = checkpoints.find_latest(checkpoints.root(config.store_dir, resume))
+            found = checkpoints.load_whole(checkpoints.root(config.store_dir, resume), self._read_checkpoint)
             if found is not None:
-                self._load_checkpoint(found)
+                self._apply_checkpoint(*found[1])
             # steps written after the checkpoint (all of them without one: the run restarts from its initial state)
             # are dropped, and the resumed run rewrites them exactly
             self.writer = RunWriter.resume(config.store_dir, resume, from_step=self.step, lock_fd=lock)
@@ -444,8 +444,8 @@ class Trainer:
         return checkpoints.root(self.config.store_dir, self.writer.run_id)
 
     def save_checkpoint(self) -> Path:
-        """Model, optimiser, budget state and step, as one checkpoint swapped in atomically (a kill at any instant
-        leaves the old one or the new one whole); returns its folder."""
+        """Model, optimiser, budget state and step, as one checkpoint with its manifest, swapped in atomically (a
+        kill at any instant leaves the old one or the new one whole); returns its folder."""
         from fastrl_core.policy import save_policy
 
         def write(folder: Path) -> None:
@@ -454,25 +454,27 @@ class Trainer:
             torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
                         "train_seconds": self.train_seconds, "python_random": random.getstate(),
                         "pass_costs": self.pass_costs, "cursor": self.cursor}, folder / "trainer.pt")
-            (folder / "budget.json").write_text(json.dumps(self.budget_state))  # last: it marks the folder whole
+            (folder / "budget.json").write_text(json.dumps(self.budget_state))
 
         return checkpoints.save(self.checkpoint_dir, self.step, write)
 
-    def _load_checkpoint(self, path: Path) -> None:
+    def _read_checkpoint(self, path: Path) -> tuple[dict, dict, dict]:
+        """A checkpoint's model weights, trainer state and budget state, read without changing the trainer (a
+        damaged one raises, and `checkpoints.load_whole` goes on to the previous one)."""
         from fastrl_core.policy import load_policy
 
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint to resume from at {path}")
-        loaded = load_policy(str(path / "policy"))
-        self.policy.model.load_state_dict(loaded.model.state_dict())
+        weights = load_policy(str(path / "policy")).model.state_dict()
         state = torch.load(path / "trainer.pt", weights_only=False)
+        return weights, state, json.loads((path / "budget.json").read_text())
+
+    def _apply_checkpoint(self, weights: dict, state: dict, budget_state: dict) -> None:
+        self.policy.model.load_state_dict(weights)
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.train_seconds = state["step"], state["train_seconds"]
         random.setstate(state["python_random"])
         self.pass_costs = state.get("pass_costs", [])  # absent in checkpoints written before row_cost
         self.cursor = state.get("cursor", self.step * self.config.prompts_per_step)  # absent before filling
-        self.budget_state = json.loads((path / "budget.json").read_text())
-
+        self.budget_state = budget_state
 
 def train(config: RunConfig, *, resume: str | None = None, progress: bool = True) -> str:
     """Train with `config` (or resume run `resume` from its last checkpoint, or from its initial state when it was

@@ -5,6 +5,7 @@ Every test runs on the Geometry3K sample shipped in tests/data (40 problems, MIT
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,13 +80,15 @@ def test_limit_and_split_folder(sample, sample_dir):
 
 
 def _geometry3k_rows(sample_dir, rows, provenance, *, as_bytes: bool) -> list[dict]:
+    """The sample's Geometry3K rows in the HF schema: images as bytes, or as paths relative to the sample (a file
+    of them reads them from its own folder: `_with_images` copies them there)."""
     out = []
     for row in rows:
         if row["choices"] is None:
             continue
         image = sample_dir / row["image"]
         hf = provenance[row["id"]]["hf_geometry3k_style"]
-        images = [{"bytes": image.read_bytes(), "path": image.name}] if as_bytes else [str(image)]
+        images = [{"bytes": image.read_bytes(), "path": image.name}] if as_bytes else [row["image"]]
         out.append({"id": row["id"], "images": images, "problem": hf["problem"], "answer": hf["answer"],
                     "choices": row["choices"]})
     return out
@@ -110,6 +113,12 @@ def _assert_free_form(loaded: list[Problem], expected: list[Problem]):
         assert got.image_path.read_bytes() == want.image_path.read_bytes()
 
 
+def _with_images(folder: Path, sample_dir: Path) -> Path:
+    """`folder` with a copy of the sample's images/ (a dataset reads images inside its own folder only)."""
+    shutil.copytree(sample_dir / "images", folder / "images", dirs_exist_ok=True)
+    return folder
+
+
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
     return path
@@ -132,7 +141,8 @@ def test_geometry3k_schema_parquet_and_jsonl_load_identically(sample, sample_dir
     from_parquet = load_problems(parquet, image_cache=tmp_path / "cache")
     _assert_same(from_parquet, expected)
     assert all(p.kind == "Geometry3K" and p.image_path.parent == tmp_path / "cache" for p in from_parquet)
-    jsonl = _write_jsonl(tmp_path / "geometry3k.jsonl", _geometry3k_rows(sample_dir, rows, provenance, as_bytes=False))
+    jsonl = _write_jsonl(_with_images(tmp_path, sample_dir) / "geometry3k.jsonl",
+                         _geometry3k_rows(sample_dir, rows, provenance, as_bytes=False))
     _assert_same(load_problems(jsonl, image_cache=tmp_path / "cache"), expected)
 
 
@@ -145,9 +155,9 @@ def test_r1v_schema_loads_identically(sample, sample_dir, rows, tmp_path):
 
 
 def test_easyr1_geoqa_schema_without_choices_is_free_form(sample_dir, rows, tmp_path):
-    easy = [{"images": [str(sample_dir / r["image"])], "problem": "<image>" + r["question"],
+    easy = [{"images": [r["image"]], "problem": "<image>" + r["question"],
              "answer": r["answer_value"]} for r in rows][:5]
-    loaded = load_problems(_write_jsonl(tmp_path / "easy.jsonl", easy))
+    loaded = load_problems(_write_jsonl(_with_images(tmp_path, sample_dir) / "easy.jsonl", easy))
     assert [p.answer for p in loaded] == [r["answer"] for r in easy] and len(loaded) == 5
     assert all(p.choices is None and not p.question.startswith("<image>") for p in loaded)
 
@@ -167,7 +177,8 @@ def _bad_folder(tmp_path: Path, sample_dir: Path, rows: list[dict]) -> Path:
     folder = tmp_path / "bad"
     folder.mkdir()
     (folder / "broken.png").write_bytes(b"not a png")
-    good = [dict(r, image=str(sample_dir / r["image"])) for r in rows[:3]]
+    _with_images(folder, sample_dir)
+    good = rows[:3]
     bad = [
         dict(good[0], id="no_image_file", image="images/missing.png"),
         dict(good[1], id="unreadable", image="broken.png"),
@@ -226,7 +237,8 @@ def test_bad_rows_in_hf_schemas(sample_dir, rows, tmp_path):
 def test_unknown_schema_duplicate_ids_and_missing_sources(sample_dir, rows, tmp_path):
     with pytest.raises(DataError, match=r"row 0 .*unknown schema, keys \['foo'\]"):
         load_problems(_write_jsonl(tmp_path / "u.jsonl", [{"foo": 1}]))
-    row = dict(rows[0], image=str(sample_dir / rows[0]["image"]))
+    row = rows[0]
+    _with_images(tmp_path, sample_dir)
     with pytest.raises(DataError, match=r"row 1 .*duplicate id"):
         load_problems(_write_jsonl(tmp_path / "d.jsonl", [row, row]))
     with pytest.raises(DataError, match=rf"row 0 \(id '{rows[0]['id']}'\): 'level' must be an integer"):
@@ -247,3 +259,115 @@ def test_hf_datasets_objects_with_image_features_load_identically(sample, sample
     _assert_same(loaded, [p for p in sample if p.kind == "Geometry3K"])
     r1v = datasets.Dataset.from_list(_r1v_rows(sample_dir, rows)).cast_column("image", datasets.Image())
     _assert_free_form(load_hf_dataset(r1v, where="r1v", image_cache=tmp_path / "cache"), sample)
+
+
+# ------------------------------------------------------------------------ a dataset reads only its own folder
+
+def _outside_case(tmp_path: Path, sample_dir: Path, rows: list[dict], how: str, exists: bool) -> tuple[Path, str]:
+    """A dataset folder with one good row and one row whose image path leads out of the folder (`how`: absolute,
+    dotdot, symlink) to a file that exists or not; returns (folder, the bad row's image value)."""
+    folder, outside = tmp_path / "ds", tmp_path / "private"
+    _with_images(folder, sample_dir)
+    outside.mkdir()
+    target = outside / ("secret.png" if exists else "nothing.png")
+    if exists:
+        shutil.copy(sample_dir / rows[1]["image"], target)
+    value = {"absolute": str(target), "dotdot": f"images/../../private/{target.name}", "symlink": "images/link.png"}[how]
+    if how == "symlink":
+        (folder / "images" / "link.png").symlink_to(target)
+    _write_jsonl(folder / "problems.jsonl", [rows[0], dict(rows[1], image=value)])
+    return folder, value
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink"])
+def test_an_image_path_out_of_the_dataset_folder_is_refused_and_the_message_does_not_tell_if_it_exists(
+        sample_dir, rows, tmp_path, how):
+    messages = {}
+    for exists in (True, False):
+        folder, value = _outside_case(tmp_path / str(exists), sample_dir, rows, how, exists)
+        with pytest.raises(DataError) as error:
+            load_problems(folder)
+        message = str(error.value)
+        assert message.startswith(f"{folder / 'problems.jsonl'}: row 1 (id '{rows[1]['id']}'): image path ")
+        assert ("is absolute" if how == "absolute" else "leads outside the dataset folder") in message
+        assert "dataset_allow_outside_paths=true" in message and "--allow-outside-paths" in message
+        messages[exists] = message.replace(str(tmp_path / str(exists)), "ROOT").replace("secret", "nothing")
+    assert messages[True] == messages[False]  # the same words whether the outside file exists or not
+    allowed = load_problems(tmp_path / "True" / "ds", allow_outside_paths=True)  # the explicit option
+    assert allowed[1].image_path.read_bytes() == (sample_dir / rows[1]["image"]).read_bytes()
+    with pytest.raises(DataError, match="not found"):
+        load_problems(tmp_path / "False" / "ds", allow_outside_paths=True)
+
+
+def test_a_symlink_and_dotdot_that_stay_inside_the_folder_are_read(sample_dir, rows, tmp_path):
+    folder = _with_images(tmp_path / "ds", sample_dir)
+    (folder / "alias.png").symlink_to(folder / rows[1]["image"])
+    _write_jsonl(folder / "problems.jsonl", [dict(rows[0], image=f"images/../{rows[0]['image']}"),
+                                            dict(rows[1], image="alias.png")])
+    assert len(load_problems(folder)) == 2
+
+
+def test_hf_schema_files_and_in_memory_datasets_keep_paths_inside_too(sample_dir, rows, provenance, tmp_path):
+    folder = _with_images(tmp_path / "ds", sample_dir)
+    absolute = _geometry3k_rows(sample_dir, rows, provenance, as_bytes=False)[:1]
+    absolute[0]["images"] = [str(sample_dir / absolute[0]["images"][0])]
+    parquet = folder / "g.parquet"
+    pq.write_table(pa.Table.from_pylist(absolute), parquet)
+    with pytest.raises(DataError, match=r"g\.parquet: row 0 .*is absolute"):
+        load_problems(parquet)
+    r1v = [dict(_r1v_rows(sample_dir, rows)[0], image={"bytes": None, "path": "../elsewhere.png"})]
+    with pytest.raises(DataError, match=r"r\.jsonl: row 0 .*leads outside the dataset folder"):
+        load_problems(_write_jsonl(folder / "r.jsonl", r1v))
+    datasets = pytest.importorskip("datasets")
+    in_memory = datasets.Dataset.from_list([dict(r1v[0], image=str(sample_dir / rows[0]["image"]))])
+    with pytest.raises(DataError, match="a hub dataset has no folder for paths to stay in"):
+        load_hf_dataset(in_memory, where="hub[train]")
+    assert len(load_hf_dataset(in_memory, where="hub[train]", allow_outside_paths=True)) == 1
+
+
+def _huge_png(path: Path, side: int = 12000) -> Path:
+    """A valid grey side x side PNG written row by row (small on disk; ~side² bytes once decoded)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer, row = zlib.compressobj(9), b"\x00" + b"\x7f" * side
+    pixels = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return path
+
+
+def test_an_image_over_the_pixel_limit_is_refused_from_its_header(sample_dir, rows, tmp_path, caplog):
+    from PIL import Image
+
+    from fastrl_core.data import problems as problems_module
+
+    folder = _with_images(tmp_path / "ds", sample_dir)
+    _huge_png(folder / "huge.png")
+    with pytest.warns(Image.DecompressionBombWarning), Image.open(folder / "huge.png") as image:
+        assert image.size == (12000, 12000)  # a real PNG: PIL opens it (with a warning, no more)
+    _write_jsonl(folder / "problems.jsonl", [rows[0], dict(rows[1], image="huge.png"), rows[2]])
+    decoded = []
+    original_load = Image.Image.load
+    with pytest.MonkeyPatch.context() as patch:  # no pixel of it is decoded: its header says enough
+        patch.setattr(Image.Image, "load", lambda self: (decoded.append(self.size), original_load(self))[1])
+        with pytest.raises(DataError) as error:
+            load_problems(folder)
+    assert (12000, 12000) not in decoded
+    assert str(error.value) == (f"{folder / 'problems.jsonl'}: row 1 (id '{rows[1]['id']}'): image 'huge.png' is "
+                                "12000x12000 (144,000,000 pixels), over the limit of 16,777,216 pixels (4096x4096): "
+                                "downscale it")
+    with caplog.at_level(logging.WARNING):
+        loaded = load_problems(folder, skip_bad=True)
+    assert [p.id for p in loaded] == [rows[0]["id"], rows[2]["id"]]
+    assert caplog.text.count("refused 1 images over 16,777,216 pixels") == 1  # once per dataset, with a count
+    embedded = tmp_path / "embedded.parquet"
+    pq.write_table(pa.Table.from_pylist([dict(_r1v_rows(sample_dir, rows)[0], image={
+        "bytes": (folder / "huge.png").read_bytes(), "path": None})]), embedded)
+    with pytest.raises(DataError, match=r"embedded image is 12000x12000 .*over the limit"):
+        load_problems(embedded, image_cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # never stored
+    assert problems_module.MAX_IMAGE_PIXELS == 4096 * 4096

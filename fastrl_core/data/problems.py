@@ -21,6 +21,13 @@ Schemas (keys of one row):
 
 Images given as bytes are written once to a content-addressed cache folder (temp file then rename, so the cache
 never holds half a file), so `Problem.image_path` is always a file on disk.
+
+A dataset reads only its own folder: an image path resolves inside the folder of its problems.jsonl (or of its
+.jsonl / .parquet file); an absolute path, a `..` or a symlink that leads out of it is a bad row, decided before the
+file is touched, so the message says nothing about what lies outside. A hub dataset has no folder: its images must
+be embedded bytes. `allow_outside_paths=True` (`dataset_allow_outside_paths=true`, `fastrl eval
+--allow-outside-paths`) lets paths point anywhere. An image over MAX_IMAGE_PIXELS is refused from its header,
+before its pixels are decoded (a 12000x12000 PNG would take gigabytes), so it is never trained on nor stored.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import os
 import re
 import string
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -48,6 +56,10 @@ HUB_KINDS = {
     "leonardPKU/GEOQA_8K_R1V": "GeoQA",
 }
 LETTERS = string.ascii_uppercase
+# Larger images are refused (a bad row) from their header. 4096x4096: above Qwen2.5-VL's own default max_pixels
+# (12,845,056), so no image the model would see whole is refused; PIL itself only warns up to 89 M pixels.
+MAX_IMAGE_PIXELS = 4096 * 4096
+OUTSIDE_HINT = "dataset_allow_outside_paths=true (fastrl eval --allow-outside-paths) allows them"
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -91,6 +103,39 @@ class BadRow(ValueError):
     """A row that cannot become a Problem (the message says why)."""
 
 
+class ImageTooLarge(BadRow):
+    """A row whose image has more than MAX_IMAGE_PIXELS pixels."""
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a dataset's images come from: `folder`, the folder its image paths resolve in (None for a hub
+    dataset: images must be embedded bytes), `cache`, where embedded bytes are written, and whether paths may
+    lead outside the folder."""
+
+    folder: Path | None
+    cache: Path
+    allow_outside: bool = False
+
+    def path(self, value: str) -> Path:
+        """The image file `value` names: inside `folder` unless outside paths are allowed (BadRow otherwise). The
+        decision reads no file outside the folder, so the message is the same whether one exists there or not."""
+        path = Path(value)
+        if self.allow_outside:
+            return path if path.is_absolute() or self.folder is None else self.folder / path
+        if self.folder is None:
+            raise BadRow(f"image path {value!r}: a hub dataset has no folder for paths to stay in (embed the image "
+                         f"bytes; {OUTSIDE_HINT})")
+        if path.is_absolute():
+            raise BadRow(f"image path {value!r} is absolute: image paths stay inside the dataset folder "
+                         f"{str(self.folder)!r} ({OUTSIDE_HINT})")
+        resolved = (self.folder / path).resolve()  # through '..' and symlinks, whether the file exists or not
+        if not resolved.is_relative_to(self.folder.resolve()):
+            raise BadRow(f"image path {value!r} leads outside the dataset folder {str(self.folder)!r} (through "
+                         f"'..' or a symlink; {OUTSIDE_HINT})")
+        return resolved
+
+
 def choices_line(choices: tuple[str, ...]) -> str:
     """The Geometry3K options line used in geo-real-sample: `Choices: A. 50  B. 55  C. 60  D. 70`."""
     return "Choices: " + "  ".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))
@@ -110,17 +155,19 @@ def load_problems(
     skip_bad: bool = False,
     limit: int | None = None,
     image_cache: Path | None = None,
+    allow_outside_paths: bool = False,
 ) -> LoadedProblems:
     """Load problems from a folder, a local .jsonl/.parquet file or a hub dataset name (see the module docstring).
 
     `split` picks the `<folder>/<split>/` subfolder when there is one (else the folder itself is read) or the hub
     split; a local file is one split and ignores it.
 
-    A bad row (missing key, missing answer, missing or unreadable image, duplicate id) raises DataError (a
-    ValueError) naming the file and the row (index and id); with `skip_bad=True` it is skipped instead, logged as a
-    warning, and listed in the result's `skipped` (`dataset_skip_bad=true` in training, `--skip-bad` in eval).
-    `limit` stops after that many good problems. Embedded image bytes go to `image_cache` (default
-    ~/.cache/fastrl/images).
+    A bad row (missing key, missing answer, missing, unreadable or too large image, an image path leading out of
+    the dataset's folder, duplicate id) raises DataError (a ValueError) naming the file and the row (index and
+    id); with `skip_bad=True` it is skipped instead, logged as a warning, and listed in the result's `skipped`
+    (`dataset_skip_bad=true` in training, `--skip-bad` in eval). `limit` stops after that many good problems.
+    Embedded image bytes go to `image_cache` (default ~/.cache/fastrl/images). `allow_outside_paths`: image paths
+    may lead out of the dataset's folder (see the module docstring).
     """
     cache = Path(image_cache) if image_cache is not None else DEFAULT_IMAGE_CACHE
     path = Path(source)
@@ -130,8 +177,8 @@ def load_problems(
         jsonl = path / "problems.jsonl"
         if not jsonl.is_file():
             raise DataError(f"{path}: no problems.jsonl in this folder")
-        return _load_rows(_jsonl_rows(jsonl), where=str(jsonl), base=path, cache=cache, kind=None,
-                          skip_bad=skip_bad, limit=limit)
+        return _load_rows(_jsonl_rows(jsonl), where=str(jsonl), images=ImageSource(path, cache, allow_outside_paths),
+                          kind=None, skip_bad=skip_bad, limit=limit)
     if path.suffix in (".jsonl", ".parquet") or path.exists():
         if not path.is_file():
             raise DataError(f"{path}: no such file")
@@ -141,9 +188,10 @@ def load_problems(
             rows = _parquet_rows(path)
         else:
             raise DataError(f"{path}: expected a folder, a .jsonl or a .parquet file")
-        return _load_rows(rows, where=str(path), base=path.parent, cache=cache, kind=None,
-                          skip_bad=skip_bad, limit=limit)
-    return _load_hub(str(source), split=split, cache=cache, skip_bad=skip_bad, limit=limit)
+        return _load_rows(rows, where=str(path), images=ImageSource(path.parent, cache, allow_outside_paths),
+                          kind=None, skip_bad=skip_bad, limit=limit)
+    return _load_hub(str(source), split=split, images=ImageSource(None, cache, allow_outside_paths),
+                     skip_bad=skip_bad, limit=limit)
 
 
 def _jsonl_rows(path: Path) -> Iterator[dict]:
@@ -168,7 +216,8 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
         yield from batch.to_pylist()
 
 
-def _load_hub(name: str, *, split: str | None, cache: Path, skip_bad: bool, limit: int | None) -> LoadedProblems:
+def _load_hub(name: str, *, split: str | None, images: ImageSource, skip_bad: bool,
+              limit: int | None) -> LoadedProblems:
     """A hub dataset through `datasets` (imported here only)."""
     try:
         import datasets
@@ -176,15 +225,17 @@ def _load_hub(name: str, *, split: str | None, cache: Path, skip_bad: bool, limi
         raise ValueError(f"{name!r} is not a local folder or file, and reading it from the hub needs `datasets`") from e
     split = split or "train"
     dataset = datasets.load_dataset(name, split=split)
-    return load_hf_dataset(dataset, where=f"{name}[{split}]", kind=HUB_KINDS.get(name), image_cache=cache,
-                           skip_bad=skip_bad, limit=limit)
+    return load_hf_dataset(dataset, where=f"{name}[{split}]", kind=HUB_KINDS.get(name), image_cache=images.cache,
+                           skip_bad=skip_bad, limit=limit, allow_outside_paths=images.allow_outside)
 
 
 def load_hf_dataset(dataset, *, where: str, kind: str | None = None, image_cache: Path | None = None,
-                    skip_bad: bool = False, limit: int | None = None) -> LoadedProblems:
+                    skip_bad: bool = False, limit: int | None = None,
+                    allow_outside_paths: bool = False) -> LoadedProblems:
     """Problems from a `datasets.Dataset` in one of the schemas above (what `load_problems` does for hub names).
 
-    Image columns are read undecoded ({bytes, path}) so the original bytes go to the cache unchanged.
+    Image columns are read undecoded ({bytes, path}) so the original bytes go to the cache unchanged; an image
+    given only as a path is refused unless `allow_outside_paths` (a dataset in memory has no folder).
     """
     import datasets
 
@@ -197,13 +248,15 @@ def load_hf_dataset(dataset, *, where: str, kind: str | None = None, image_cache
         elif isinstance(getattr(feature, "feature", None), datasets.Image):
             dataset = dataset.cast_column(column, datasets.List(datasets.Image(decode=False)))
     cache = Path(image_cache) if image_cache is not None else DEFAULT_IMAGE_CACHE
-    return _load_rows(iter(dataset), where=where, base=None, cache=cache, kind=kind, skip_bad=skip_bad, limit=limit)
+    return _load_rows(iter(dataset), where=where, images=ImageSource(None, cache, allow_outside_paths), kind=kind,
+                      skip_bad=skip_bad, limit=limit)
 
 
-def _load_rows(rows: Iterator[dict], *, where: str, base: Path | None, cache: Path, kind: str | None,
+def _load_rows(rows: Iterator[dict], *, where: str, images: ImageSource, kind: str | None,
                skip_bad: bool, limit: int | None) -> LoadedProblems:
     problems = LoadedProblems()
     seen: set[str] = set()
+    too_large = 0
     parse: Callable[..., Problem] | None = None
     for index, row in enumerate(rows):
         if limit is not None and len(problems) >= limit:
@@ -212,7 +265,7 @@ def _load_rows(rows: Iterator[dict], *, where: str, base: Path | None, cache: Pa
         try:
             if parse is None:
                 parse = _schema_of(row)
-            problem = parse(row, index=index, base=base, cache=cache, kind=kind)
+            problem = parse(row, index=index, images=images, kind=kind)
             if problem.id in seen:
                 raise BadRow(f"duplicate id {problem.id!r}")
         except BadRow as e:
@@ -220,9 +273,13 @@ def _load_rows(rows: Iterator[dict], *, where: str, base: Path | None, cache: Pa
             if not skip_bad:
                 raise DataError(f"{where}: {message}") from None
             problems.skipped.append(message)
+            too_large += isinstance(e, ImageTooLarge)
             continue
         seen.add(problem.id)
         problems.append(problem)
+    if too_large:
+        logger.warning("%s: refused %d images over %s pixels (their rows are skipped)", where, too_large,
+                       f"{MAX_IMAGE_PIXELS:,}")
     if problems.skipped:
         logger.warning("%s: skipped %d bad rows, first: %s", where, len(problems.skipped), problems.skipped[0])
     if not problems and limit != 0:
@@ -275,21 +332,35 @@ def _choices(row: dict) -> tuple[str, ...] | None:
     return choices
 
 
-def _checked_image(path: Path) -> Path:
+def _checked_image(path: Path, name: str) -> Path:
+    """`path` (given as `name` in the row) when it is a whole image within the pixel limit."""
     if not path.is_file():
-        raise BadRow(f"image {str(path)!r} not found")
+        raise BadRow(f"image {name!r} not found")
     try:
         _decode(path)
+    except BadRow as e:
+        raise type(e)(f"image {name!r} {e}") from None
     except Exception as e:  # PIL raises many types for a broken file
-        raise BadRow(f"image {str(path)!r} unreadable ({type(e).__name__}: {e})") from None
+        raise BadRow(f"image {name!r} unreadable ({type(e).__name__}: {e})") from None
     return path.resolve()
 
 
 def _decode(source) -> str | None:
-    """Check that an image file (a path or a binary file object) decodes whole; returns its format. `verify()`
-    checks the chunks' checksums only: a PNG whose checksums are valid but whose pixel data does not inflate passes
-    it, so the pixels are decoded too (`load()`, ~0.1 ms for a 112x112 image)."""
-    with Image.open(source) as image:
+    """Check that an image file (a path or a binary file object) decodes whole; returns its format. Its size is
+    read from the header first: over MAX_IMAGE_PIXELS it is refused (ImageTooLarge) before any pixel is decoded.
+    `verify()` checks the chunks' checksums only: a PNG whose checksums are valid but whose pixel data does not
+    inflate passes it, so the pixels are decoded too (`load()`, ~0.1 ms for a 112x112 image)."""
+    with warnings.catch_warnings():  # PIL warns from 89 M pixels at open: the size check below says more
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(source)
+        except Image.DecompressionBombError as e:
+            raise ImageTooLarge(f"is over the limit of {MAX_IMAGE_PIXELS:,} pixels ({e})") from None
+    with image:
+        width, height = image.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise ImageTooLarge(f"is {width}x{height} ({width * height:,} pixels), over the limit of "
+                                f"{MAX_IMAGE_PIXELS:,} pixels (4096x4096): downscale it")
         image_format = image.format
         image.verify()
     if hasattr(source, "seek"):
@@ -303,6 +374,8 @@ def _cached_image(data: bytes, cache: Path) -> Path:
     """Write image bytes to `cache/<sha256>.<format>` once (temp file + rename: never half a file)."""
     try:
         suffix = (_decode(io.BytesIO(data)) or "png").lower()
+    except BadRow as e:
+        raise type(e)(f"embedded image {e}") from None
     except Exception as e:
         raise BadRow(f"embedded image unreadable ({type(e).__name__}: {e})") from None
     target = cache / f"{hashlib.sha256(data).hexdigest()}.{suffix}"
@@ -319,27 +392,24 @@ def _cached_image(data: bytes, cache: Path) -> Path:
     return target.resolve()
 
 
-def _image(value: Any, *, base: Path | None, cache: Path) -> Path:
+def _image(value: Any, images: ImageSource) -> Path:
     """An image given as a path, a {bytes, path} dict or a PIL image -> a file on disk."""
     if isinstance(value, Image.Image):
         buffer = io.BytesIO()
         value.save(buffer, format="PNG")
-        return _cached_image(buffer.getvalue(), cache)
+        return _cached_image(buffer.getvalue(), images.cache)
     if isinstance(value, dict):
         if value.get("bytes"):
-            return _cached_image(bytes(value["bytes"]), cache)
+            return _cached_image(bytes(value["bytes"]), images.cache)
         value = value.get("path")
     if isinstance(value, (bytes, bytearray)):
-        return _cached_image(bytes(value), cache)
+        return _cached_image(bytes(value), images.cache)
     if isinstance(value, str) and value.strip():
-        path = Path(value)
-        if not path.is_absolute() and base is not None:
-            path = base / path
-        return _checked_image(path)
+        return _checked_image(images.path(value), value)
     raise BadRow(f"no image (got {type(value).__name__})")
 
 
-def _from_layout(row: dict, *, index: int, base: Path | None, cache: Path, kind: str | None) -> Problem:
+def _from_layout(row: dict, *, index: int, images: ImageSource, kind: str | None) -> Problem:
     problem_id = _text(row, "id")
     source = str(row.get("source") or "")
     choices = _choices(row)
@@ -358,7 +428,7 @@ def _from_layout(row: dict, *, index: int, base: Path | None, cache: Path, kind:
         answer=answer,
         answer_value=answer_value,
         choices=choices,
-        image_path=_image(_required(row, "image"), base=base, cache=cache),
+        image_path=_image(_required(row, "image"), images),
         source=source,
         kind=str(row.get("kind") or kind or source.split("/")[0]),
         level=_level(row),
@@ -376,12 +446,12 @@ def _strip_image_tag(problem: str) -> str:
     return problem.replace("<image>", "").strip()
 
 
-def _from_geometry3k(row: dict, *, index: int, base: Path | None, cache: Path, kind: str | None) -> Problem:
-    images = _required(row, "images")
-    if isinstance(images, (str, dict, bytes, Image.Image)):
-        images = [images]
-    if len(images) != 1:
-        raise BadRow(f"expected one image, got {len(images)}")
+def _from_geometry3k(row: dict, *, index: int, images: ImageSource, kind: str | None) -> Problem:
+    image_list = _required(row, "images")
+    if isinstance(image_list, (str, dict, bytes, Image.Image)):
+        image_list = [image_list]
+    if len(image_list) != 1:
+        raise BadRow(f"expected one image, got {len(image_list)}")
     value = _text(row, "answer")
     choices = _choices(row)
     if choices is not None:
@@ -397,13 +467,13 @@ def _from_geometry3k(row: dict, *, index: int, base: Path | None, cache: Path, k
         answer=answer,
         answer_value=value,
         choices=choices,
-        image_path=_image(images[0], base=base, cache=cache),
+        image_path=_image(image_list[0], images),
         source=str(row.get("source") or problem_id),
         kind=kind or "Geometry3K",
     )
 
 
-def _from_r1v(row: dict, *, index: int, base: Path | None, cache: Path, kind: str | None) -> Problem:
+def _from_r1v(row: dict, *, index: int, images: ImageSource, kind: str | None) -> Problem:
     solution = _text(row, "solution")
     tagged = _ANSWER_TAG.findall(solution)
     if not tagged or not tagged[-1].strip():
@@ -416,7 +486,7 @@ def _from_r1v(row: dict, *, index: int, base: Path | None, cache: Path, kind: st
         answer=answer,
         answer_value=answer,
         choices=None,
-        image_path=_image(_required(row, "image"), base=base, cache=cache),
+        image_path=_image(_required(row, "image"), images),
         source=str(row.get("source") or problem_id),
         kind=kind or "GeoQA",
     )

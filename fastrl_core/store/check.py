@@ -1,10 +1,14 @@
-"""`fastrl store check`: find the store's damaged files and move them aside.
+"""`fastrl store check`: find the store's damaged files and checkpoints and move them aside.
 
 A file is damaged when it does not read whole (truncated, junk, a run.json that is not JSON), or when it is missing
 though its step is visible (a step's rollouts and groups files are written before its steps file). Readers skip
 such files already (`store.damaged_files`); quarantining moves them to <store_dir>/quarantine/<same path> so
 that nothing is deleted and the store reads clean again. A damaged steps, groups or rollouts file takes its whole
 step to quarantine (steps file first): a step stays all-or-nothing.
+
+A checkpoint is damaged when its files differ from its manifest (a file missing, truncated or changed:
+`store.manifest`); it is named and quarantined as one folder. One written before manifests cannot be verified
+here: it is counted as unverified (`--resume` tries to load it and falls back when it does not load).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Sequence
 
 from fastrl_core.store import layout
 from fastrl_core.store.damage import file_problem
+from fastrl_core.store.manifest import has_manifest, manifest_problem
 
 WHOLE_STEP_TABLES = ("steps", "groups", "rollouts")  # needed for a step to be whole; proj and images are extras
 
@@ -58,7 +63,23 @@ def check_store(store_dir: str | Path) -> list[Damage]:
             problem = file_problem(path)
             if problem is not None and problem != "missing":
                 note(path, problem)
+        for folder in verified_checkpoints(store_dir, run_id):
+            problem = manifest_problem(folder)
+            if problem is not None:
+                note(folder, problem)
     return sorted(found, key=lambda d: d.path)
+
+
+def verified_checkpoints(store_dir: Path, run_id: str) -> list[Path]:
+    """The run's checkpoint folders that carry a manifest (those written before manifests cannot be verified)."""
+    return [folder for _, folder in layout.checkpoint_folders(layout.checkpoint_root(store_dir, run_id))
+            if has_manifest(folder)]
+
+
+def unverified_checkpoints(store_dir: Path) -> int:
+    """Checkpoint folders of the store's runs written before manifests."""
+    return sum(not has_manifest(folder) for run_id in layout.list_runs(store_dir)
+               for _, folder in layout.checkpoint_folders(layout.checkpoint_root(store_dir, run_id)))
 
 
 def quarantine(store_dir: str | Path, damage: Sequence[Damage]) -> list[str]:
@@ -79,6 +100,8 @@ def quarantine(store_dir: str | Path, damage: Sequence[Damage]) -> list[str]:
             continue
         destination = store_dir / "quarantine" / path.relative_to(store_dir)
         destination.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() and destination.exists():  # a checkpoint folder quarantined before: keep both
+            destination = destination.with_name(f"{destination.name}-{len(list(destination.parent.iterdir()))}")
         os.replace(path, destination)
         moved.append(str(path.relative_to(store_dir)))
     return moved
@@ -102,6 +125,10 @@ def run_check(store_dir: Path, *, quarantine_files: bool) -> int:
     damage = check_store(store_dir)
     for item in damage:
         print(f"damaged: {item.path}: {item.problem}")
+    unverified = unverified_checkpoints(store_dir)
+    if unverified:
+        print(f"{unverified} checkpoint(s) written before manifests: not verified (--resume falls back from one "
+              "that does not load)")
     if not damage:
         print(f"{store_dir}: no damaged files in {len(layout.list_runs(store_dir))} runs")
         return 0

@@ -10,7 +10,9 @@
     <store_dir>/runs/<run_id>/<run_id>.duckdb  compact(): the run as real tables
     <store_dir>/runs/<run_id>/writer.lock    flock'ed by the run's one writer (the OS releases it when it dies)
     <store_dir>/runs/<run_id>/heartbeat      touched every HEARTBEAT_S by a live writer ("no heartbeat" when stale)
+    <store_dir>/checkpoints/<run_id>/step_000040/  a resumable checkpoint with its manifest (fastrl_core.checkpoints)
     <store_dir>/quarantine/runs/<run_id>/... damaged files moved aside by `fastrl store check --quarantine`
+    <store_dir>/quarantine/checkpoints/<run_id>/step_000040/  a damaged checkpoint, moved aside the same way
     <store_dir>/runs/.schema/<table>/empty.parquet  zero-row files so the views bind before any step exists
 
 Every file is written under a temporary name and `os.replace`d, so a reader sees the old file, the new file or
@@ -44,6 +46,7 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SPLIT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 IMAGE_REF = re.compile(r"[0-9a-f]{64}")
 _STEP_FILE = re.compile(r"step_(\d+)\.parquet")
+_CHECKPOINT_DIR = re.compile(r"step_(\d{6,})")
 _EVAL_FILE = re.compile(r"step_(\d+)_([A-Za-z0-9_-]+)\.parquet")
 
 
@@ -55,6 +58,21 @@ def check_run_id(run_id: str) -> str:
 
 def run_dir(store_dir: Path, run_id: str) -> Path:
     return Path(store_dir) / "runs" / check_run_id(run_id)
+
+
+def checkpoint_root(store_dir: Path, run_id: str) -> Path:
+    """The folder of a run's checkpoints (written by `fastrl_core.checkpoints`, verified by `fastrl store check`)."""
+    return Path(store_dir) / "checkpoints" / check_run_id(run_id)
+
+
+def checkpoint_folders(run_root: Path) -> list[tuple[int, Path]]:
+    """A run's checkpoint step folders (step, path) under its `checkpoint_root`, oldest first."""
+    try:
+        entries = list(os.scandir(run_root))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted((int(m.group(1)), Path(run_root) / e.name) for e in entries
+                  if e.is_dir() and (m := _CHECKPOINT_DIR.fullmatch(e.name)))
 
 
 def step_file(store_dir: Path, run_id: str, table: str, step: int) -> Path:

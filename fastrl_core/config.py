@@ -28,9 +28,31 @@ class ConfigError(ValueError):
     The message names the key, the bad value and the valid ones (the CLI prints it as one line, exit code 2)."""
 
 
+# The sane upper bound of each numeric config key (the lower ones are the fields' `bounds`): past it a value is a
+# typo or an overflow, not a run. keep_ratio's interval (0, 1] bounds it already; row_cost is checked by its rule.
+UPPER_BOUNDS: dict[str, float] = {
+    "seed": 2**32 - 1,  # times 7919 it still seeds a torch.Generator (< 2**64)
+    "threads": 1024, "synthetic_train": 1_000_000, "synthetic_test": 1_000_000,
+    "steps": 10_000_000, "time_limit_s": 365 * 24 * 3600, "warmup_steps": 10_000_000,
+    "prompts_per_step": 65_536, "rollouts_per_prompt": 1024, "max_new_tokens": 131_072, "temperature": 100,
+    "format_weight": 1000, "accuracy_weight": 1000,
+    "lr": 1.0, "weight_decay": 100, "max_grad_norm": 1e6, "updates_per_step": 1024, "update_rows": 1_000_000,
+    "sketch_dim": 65_536, "sketch_top_k": 1_000_000, "min_keep": 1024,
+    "eval_every": 10_000_000, "eval_size": 10_000_000, "eval_samples": 1024, "checkpoint_every": 10_000_000,
+}
+
+
 def describe_bounds(bounds: str) -> str:
     """">= 1" -> ">= 1"; "(0, 1]" -> "in (0, 1]"."""
     return f"in {bounds}" if bounds.lstrip()[:1] in "([" else bounds
+
+
+def describe_range(key: str, bounds: str | None) -> str:
+    """What `key`'s value must be: its bounds and its sane upper bound (">= 1 and <= 10,000,000"); "" if neither."""
+    parts = [describe_bounds(bounds)] if bounds else []
+    if key in UPPER_BOUNDS:
+        parts.append(f"<= {UPPER_BOUNDS[key]:,}")
+    return " and ".join(parts)
 
 
 _BOUNDS = re.compile(r"^\s*(?:(>=|>|<=|<)\s*(\S+)|([(\[])\s*(\S+)\s*,\s*(\S+)\s*([)\]]))\s*$")
@@ -214,9 +236,9 @@ def field_help() -> dict[str, str]:
     """Each key's help text, with its valid names (`choices`) and its range when it has them."""
     out, names = {}, choices()
     for f in dataclasses.fields(TrainConfig):
-        bounds = f.metadata.get("bounds")
+        allowed = describe_range(f.name, f.metadata.get("bounds"))
         out[f.name] = (f.metadata.get("help", "") + (f"; one of: {', '.join(names[f.name])}" if f.name in names else "")
-                       + (f"; must be {describe_bounds(bounds)}" if bounds else ""))
+                       + (f"; must be {allowed}" if allowed else ""))
     return out
 
 
@@ -269,18 +291,48 @@ def parse_overrides(overrides: list[str]) -> dict:
     return parsed
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the later)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` merges, as PyYAML does
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, typing.Hashable):
+                continue  # the safe loader refuses it below, in its own words
+            if key in seen:
+                raise ConfigError(f"{self.name}: line {line}: key {key!r} is given twice (first on line "
+                                  f"{seen[key]}); give it once")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> dict:
-    """A config file's mapping of keys; ConfigError naming the file when it is missing, not UTF-8, not YAML or not a
-    mapping."""
+    """A config file's mapping of keys; ConfigError naming the file when it is missing, a folder, not UTF-8, not
+    YAML, empty, not a mapping, or gives a key twice."""
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a folder; give a YAML file or a shipped config's name "
+                          f"({', '.join(config_names())})")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} not found (shipped configs, by name: {', '.join(config_names())})")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+        loader.name = str(path)
+        try:
+            loaded = loader.get_single_data()
+        finally:
+            loader.dispose()
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start})"
                           ) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
+    if loaded is None:
+        raise ConfigError(f"{path}: the file is empty (no config keys); give at least one key, or no config file "
+                          "for the defaults")
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
     return loaded

@@ -11,7 +11,8 @@ loss or config key added elsewhere is checked the same way:
   against the parameters' annotations (or the default's type);
 - the argument values the way the code itself checks them: `budget_init` and a one-token `policy_loss` dry run
   (both pure and cheap), so a range rule lives in one place, next to the code that needs it;
-- each `TrainConfig` field's `bounds` (config.py) and finiteness; `device`;
+- each `TrainConfig` field's `bounds` and its sane upper bound (`UPPER_BOUNDS`, config.py), and finiteness;
+  `device`;
 - the engine / sketch combination (`fastrl_core.engines.resolve.resolve_sketch`): the sketch kind the run computes,
   and `engine` and `recompute_old_logprobs` auto resolved (where the old log-probs come from: the engine's own
   behaviour log-probs, or a recomputation by the trainer's forward);
@@ -30,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fastrl_core.config import (ConfigError, TrainConfig, allowed_types, choices, coerce, describe_bounds, in_bounds,
-                                 read_config)
+from fastrl_core.config import (UPPER_BOUNDS, ConfigError, TrainConfig, allowed_types, choices, coerce, describe_range,
+                                 in_bounds, read_config)
 
 
 @dataclass
@@ -187,10 +188,7 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
         allowed = allowed_types(hints.get(f.name))
         if allowed is not None:
             value = coerced[f.name] = coerce(value, allowed, f.name, where(f.name))
-        bounds = f.metadata.get("bounds")
-        if bounds and isinstance(value, (int, float)) and not isinstance(value, bool) and not in_bounds(value, bounds):
-            raise ConfigError(f"{where(f.name)}{f.name}={value!r} is out of range: it must be "
-                              f"{describe_bounds(bounds)}")
+        _check_range(f.name, value, f.metadata.get("bounds"), where(f.name))
     config = dataclasses.replace(config, **coerced)  # a TrainConfig built in code may hold an int for a float
 
     for key, valid in choices().items():
@@ -231,6 +229,15 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
 
     updates["recompute_old_logprobs"] = resolve_recompute_old_logprobs(config.engine, config.recompute_old_logprobs)
     return RunConfig(**{**config.options(), **updates}, sketch_kind=sketch_kind)
+
+
+def _check_range(key: str, value: Any, bounds: str | None, where: str) -> None:
+    """A number within its field's bounds and its sane upper bound (UPPER_BOUNDS), else ConfigError."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    upper = UPPER_BOUNDS.get(key)
+    if bounds and not in_bounds(value, bounds) or upper is not None and not value <= upper:
+        raise ConfigError(f"{where}{key}={value!r} is out of range: it must be {describe_range(key, bounds)}")
 
 
 def _choose_engine(config: TrainConfig) -> str:

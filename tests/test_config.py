@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fastrl_core.algo.pruners import PRUNERS, PrunerEntry
-from fastrl_core.config import ConfigError, TrainConfig, choices, describe_bounds, field_help, in_bounds
+from fastrl_core.config import UPPER_BOUNDS, ConfigError, TrainConfig, choices, describe_range, field_help, in_bounds
 from fastrl_core.data.problems import DataError
 from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
 from fastrl_core.run_config import (ARGUMENT_KEYS, RunConfig, argument_parameters, check_environment, load_config,
@@ -80,6 +81,33 @@ def test_missing_or_broken_config_files(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(tmp_path / "list.yaml")
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_refused_naming_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("lr: 1e-3\nsteps: 3\nlr: 2e-3\n")  # PyYAML alone keeps the later value without a word
+    with pytest.raises(ConfigError, match=r"^.*twice\.yaml: line 3: key 'lr' is given twice \(first on line 1\); "
+                                          r"give it once$"):
+        load_config(path)
+    path.write_text("steps: 3\nobjective_args:\n  beta: 0.01\n  beta: 0.02\n")
+    with pytest.raises(ConfigError, match=r"line 4: key 'beta' is given twice \(first on line 3\)"):
+        load_config(path)
+    path.write_text("base: &base {steps: 3}\n")  # anchors and merges still read (the key is unknown: refused)
+    with pytest.raises(ConfigError, match="unknown config key 'base'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n"])
+def test_an_empty_config_file_is_refused_instead_of_training_with_the_defaults(tmp_path, text):
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"empty\.yaml: the file is empty \(no config keys\)"):
+        load_config(path)
+
+
+def test_a_folder_given_as_the_config_is_named_a_folder(tmp_path):
+    with pytest.raises(ConfigError, match=rf"^config file '{re.escape(str(tmp_path))}' is a folder; give a YAML file"):
+        load_config(tmp_path)
 
 
 # ---- registry names -------------------------------------------------------------------------------------------
@@ -189,9 +217,33 @@ def test_a_newly_registered_pruner_is_checked_without_editing_the_check():
 ])
 def test_out_of_range_values_name_the_key_and_the_range(override, key):
     bounds = {f.name: f.metadata["bounds"] for f in dataclasses.fields(TrainConfig)}[key]
-    expected = re.escape(describe_bounds(bounds))
+    expected = re.escape(describe_range(key, bounds))
     with pytest.raises(ConfigError, match=rf"{key}=.* is out of range: it must be {expected}$"):
         load_config(None, [override])
+
+
+def test_every_numeric_key_has_a_sane_upper_bound_in_one_table():
+    hints = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    numeric = {name for name, hint in hints.items() if hint in ("int", "float")}
+    bounded_above = {f.name for f in dataclasses.fields(TrainConfig) if (f.metadata.get("bounds") or "")[-1:] in ")]"}
+    assert numeric - bounded_above == set(UPPER_BOUNDS)  # row_cost (float | str | None) is checked by its rule
+
+
+@pytest.mark.parametrize("key", sorted(UPPER_BOUNDS))
+def test_a_number_beyond_its_sane_upper_bound_is_refused_in_one_line(key):
+    upper = UPPER_BOUNDS[key]
+    beyond = upper * 10 if isinstance(upper, float) else upper + 1
+    with pytest.raises(ConfigError, match=rf"^command line: {key}=\S+ is out of range: it must be "
+                                          rf".*<= {re.escape(f'{upper:,}')}$"):
+        load_config(None, [f"{key}={beyond}"])
+    assert f"<= {upper:,}" in field_help()[key]  # --list-keys says so
+
+
+def test_an_absurd_step_count_is_refused():
+    with pytest.raises(ConfigError, match=r"steps=1000000000000000 is out of range: it must be >= 1 and "
+                                          r"<= 10,000,000$"):
+        load_config(None, ["steps=1000000000000000"])
+    assert load_config(None, ["steps=10000000", "seed=4294967295"]).steps == 10_000_000
 
 
 def test_range_edges_are_accepted():
@@ -340,12 +392,16 @@ def test_check_environment_names_what_this_machine_lacks():
 
 # ---- dataset_skip_bad ------------------------------------------------------------------------------------------
 
-def _dataset_with_a_bad_row(root: Path) -> Path:
+def _dataset_with_a_bad_row(root: Path, train_rows: int = 10, *, absolute: bool = False) -> Path:
+    """train/ and test/ folders of the shipped sample's rows, row 1 of each naming a missing image; the images
+    are copied into each split's folder (a dataset reads only its own), or named by absolute paths."""
     rows = [json.loads(line) for line in (SHIPPED / "problems.jsonl").read_text().splitlines()]
-    for split, part in (("train", rows[:10]), ("test", rows[10:14])):
-        part = [dict(row, image=str(SHIPPED / row["image"])) for row in part]
-        part[1]["image"] = "images/missing.png"
-        (root / split).mkdir(parents=True)
+    for split, part in (("train", rows[:train_rows]), ("test", rows[train_rows:train_rows + 4])):
+        (root / split / "images").mkdir(parents=True)
+        for row in part:
+            shutil.copy(SHIPPED / row["image"], root / split / row["image"])
+        part = [dict(row, image=str(root / split / row["image"])) if absolute else row for row in part]
+        part[1] = dict(part[1], image="images/missing.png")
         (root / split / "problems.jsonl").write_text("".join(json.dumps(row) + "\n" for row in part))
     return root
 
@@ -356,9 +412,44 @@ def test_dataset_skip_bad_reaches_the_training_loaders(tmp_path):
     dataset = _dataset_with_a_bad_row(tmp_path / "data")
     with pytest.raises(DataError, match=r"train/problems\.jsonl: row 1 \(id '.*'\): image .* not found"):
         load_datasets(load_config(None, [f"dataset={dataset}"]))
-    train, test = load_datasets(load_config(None, [f"dataset={dataset}", "dataset_skip_bad=true"]))
+    train, test = load_datasets(load_config(None, [f"dataset={dataset}", "dataset_skip_bad=true",
+                                                   "prompts_per_step=4"]))
     assert (len(train), len(train.skipped), len(test), len(test.skipped)) == (9, 1, 3, 1)
     assert train.skipped[0].startswith("row 1 (id ")
+
+
+def test_dataset_allow_outside_paths_reaches_the_training_loaders(tmp_path):
+    from fastrl_core.trainer import load_datasets
+
+    dataset = _dataset_with_a_bad_row(tmp_path / "data", absolute=True)
+    with pytest.raises(DataError, match=r"train/problems\.jsonl: no usable problems: all 10 rows are bad, first: "
+                                        r"row 0 \(id '.*'\): image path .* is absolute"):
+        load_datasets(load_config(None, [f"dataset={dataset}", "dataset_skip_bad=true", "prompts_per_step=4"]))
+    train, _ = load_datasets(load_config(None, [f"dataset={dataset}", "dataset_skip_bad=true", "prompts_per_step=4",
+                                                "dataset_allow_outside_paths=true"]))
+    assert len(train) == 9
+
+
+def test_too_few_problems_for_one_step_is_one_line(tmp_path):
+    from fastrl_core.trainer import load_datasets
+
+    one = tmp_path / "one"
+    one.mkdir()
+    row = json.loads((SHIPPED / "problems.jsonl").read_text().splitlines()[0])
+    shutil.copytree(SHIPPED / "images", one / "images")
+    (one / "problems.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=rf"^dataset '{re.escape(str(one))}' split 'train': 1 usable problems, fewer "
+                                        r"than prompts_per_step=4 \(one step takes that many distinct problems\): "
+                                        r"lower prompts_per_step or add problems$"):
+        load_datasets(load_config(None, [f"dataset={one}", "prompts_per_step=4"]))
+    four = _dataset_with_a_bad_row(tmp_path / "four", train_rows=4)  # dataset_skip_bad leaves 3
+    with pytest.raises(DataError, match=r"split 'train': 3 usable problems \(1 bad rows skipped\), fewer than "
+                                        r"prompts_per_step=4"):
+        load_datasets(load_config(None, [f"dataset={four}", "prompts_per_step=4", "dataset_skip_bad=true"]))
+    with pytest.raises(DataError, match=r"dataset 'synthetic' split 'train': 2 usable problems, fewer than "
+                                        r"prompts_per_step=4"):
+        load_datasets(load_config(None, [f"store_dir={tmp_path / 's'}", "synthetic_train=2", "synthetic_test=2",
+                                         "prompts_per_step=4"]))
 
 
 def test_row_cost_is_null_measured_or_a_number_for_a_pruner_with_a_cost_rule():

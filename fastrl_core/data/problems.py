@@ -59,7 +59,7 @@ LETTERS = string.ascii_uppercase
 # Larger images are refused (a bad row) from their header. 4096x4096: above Qwen2.5-VL's own default max_pixels
 # (12,845,056), so no image the model would see whole is refused; PIL itself only warns up to 89 M pixels.
 MAX_IMAGE_PIXELS = 4096 * 4096
-OUTSIDE_HINT = "dataset_allow_outside_paths=true (fastrl eval --allow-outside-paths) allows them"
+OUTSIDE_HINT = "dataset_allow_outside_paths=true or fastrl eval --allow-outside-paths allows them"
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 

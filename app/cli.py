@@ -1,15 +1,17 @@
 """`fastrl` command line: train, eval, warmstart, data, store, app, demo, report, bench.
 
 Heavy modules are imported inside each command so `fastrl --help` stays instant. A user error (a bad config key,
-value or name, a missing file, a bad dataset row, a run another process is writing, a full disk) prints one line
-naming what is wrong and exits with code 2; Ctrl-C or SIGTERM during training prints one line (the run is marked
-stopped and can be resumed) and exits with 130 / 143. `--debug` (anywhere on the line) shows the traceback instead.
+value or name, a missing file, a bad dataset row, a run another process is writing, a run with no whole checkpoint,
+a full disk) prints one line naming what is wrong and exits with code 2; Ctrl-C or SIGTERM during training prints
+one line (the run is marked stopped, and the command that continues it) and exits with 130 / 143. `--debug`
+(anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import shlex
 import sys
 from pathlib import Path
 
@@ -34,12 +36,29 @@ def _train(args: argparse.Namespace) -> int:
         if args.method not in METHODS:
             raise ConfigError(f"--method {args.method!r} is unknown; valid: {', '.join(METHODS)}")
         overrides = [*METHODS[args.method], *overrides]
-    config = load_config(config_path, overrides)
-    from fastrl_core.trainer import train
+    if args.resume is not None:  # the run's recorded config, under what this command line sets
+        from fastrl_core.resume import load_resume_config
 
-    run_id = train(config, resume=args.resume)
+        config = load_resume_config(config_path, overrides, args.resume)
+    else:
+        config = load_config(config_path, overrides)
+    from fastrl_core.trainer import Trainer
+
+    allow = [key for keys in args.allow_change or () for key in keys.split(",") if key]
+    trainer = Trainer(config, resume=args.resume, allow_change=allow)
+    try:
+        run_id = trainer.run()
+    except KeyboardInterrupt as error:
+        run_id = trainer.writer.run_id
+        error.add_note(f"run {run_id} is marked stopped; `{resume_command(config.store_dir, run_id)}` continues it")
+        raise
     print(f"run {run_id} finished; store: {config.store_dir}")
     return 0
+
+
+def resume_command(store_dir: str | Path, run_id: str) -> str:
+    """The command that continues run `run_id` of the store (under its recorded config)."""
+    return f"fastrl train --resume {shlex.quote(run_id)} store_dir={shlex.quote(str(store_dir))}"
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -149,7 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("train", help="train with a YAML config and key=value overrides")
     p.add_argument("overrides", nargs="*", help="[CONFIG] key=value ... (CONFIG: a shipped config's name, "
                    f"{', '.join(config_names())}, or a YAML file; keys: --list-keys)")
-    p.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID exactly from its last checkpoint")
+    p.add_argument("--resume", metavar="RUN_ID", help="continue RUN_ID exactly from its newest whole checkpoint, under "
+                   "its recorded config (a config file and overrides may be left out; one that differs from the "
+                   "record is refused unless --allow-change names it)")
+    p.add_argument("--allow-change", metavar="KEY[,KEY...]", action="append", help="with --resume: let these keys "
+                   "differ from the run's record; the change is recorded in its config history from the step it "
+                   "resumes at (model, dataset, seed, prompts_per_step, rollouts_per_prompt, budget, ... never "
+                   "change)")
     p.add_argument("--method", metavar="NAME", help="a bench method's settings (grpo, fastrl, cppo, ...: "
                    "fastrl_core/configs/methods.yaml) under the overrides given")
     p.add_argument("--list-keys", action="store_true", help="print every config key with its help and exit")
@@ -221,11 +246,12 @@ PASSTHROUGH = {"warmstart": _warmstart, "bench": _bench}
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean the user's input is wrong (their message says how), not that the code is."""
+    from fastrl_core.checkpoints import DamagedCheckpoint
     from fastrl_core.config import ConfigError
     from fastrl_core.data.problems import DataError
     from fastrl_core.store import RunLocked
 
-    return ConfigError, DataError, FileNotFoundError, RunLocked
+    return ConfigError, DataError, DamagedCheckpoint, FileNotFoundError, RunLocked
 
 
 def _disk_full(error: BaseException) -> bool:
@@ -259,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from fastrl_core.run_loop import Stopped
 
-        print(f"fastrl: {one_line(error) if isinstance(error, Stopped) else 'stopped by SIGINT (Ctrl-C)'}; a "
-              "training run is marked stopped and continues with --resume RUN_ID", file=sys.stderr)
+        notes = getattr(error, "__notes__", [])  # `fastrl train` names its run and the command that continues it
+        print(f"fastrl: {one_line(error) if isinstance(error, Stopped) else 'stopped by SIGINT (Ctrl-C)'}; "
+              f"{notes[-1] if notes else 'unfinished runs are marked stopped'}", file=sys.stderr)
         return 143 if isinstance(error, Stopped) else 130
     except Exception as error:
         if debug or not (isinstance(error, _user_errors()) or _disk_full(error)):

@@ -121,7 +121,8 @@ def option(default: Any, help: str, *, bounds: str | None = None) -> Any:
 @dataclass
 class TrainConfig:
     # -- run and store
-    run_name: str = option("fastrl", "name of the run in the store (a timestamp is appended for the run id)")
+    run_name: str = option("fastrl", "name of the run in the store (a timestamp is appended for the run id; other "
+                           "characters than ASCII letters, digits, '.', '_', '-' become '-' there, and the log says so)")
     store_dir: str = option("runs", "store directory: Parquet step files, DuckDB views, images, checkpoints")
     seed: int = option(0, "seed for data order, sampling, sketches and pruning", bounds=">= 0")
     threads: int = option(2, "torch CPU threads (more than physical cores is ~2x slower)", bounds=">= 1")
@@ -338,11 +339,15 @@ def read_yaml(path: Path) -> dict:
     return loaded
 
 
-def read_config(path: str | Path | None = None, overrides: list[str] = ()) -> tuple[TrainConfig, dict[str, str]]:
-    """Defaults <- the config `path` (a shipped config's name, e.g. "paper", or a YAML file; None: none) <- `key=value`
-    overrides; returns the config (keys and types checked, nothing else) and where each key was set."""
+def read_config(path: str | Path | None = None, overrides: list[str] = (), *, base: dict | None = None,
+                base_source: str = "the run's record") -> tuple[TrainConfig, dict[str, str]]:
+    """Defaults <- `base` (a resumed run's recorded config) <- the config `path` (a shipped config's name, e.g.
+    "paper", or a YAML file; None: none) <- `key=value` overrides; returns the config (keys and types checked,
+    nothing else) and where each key was set."""
     values = dataclasses.asdict(TrainConfig())
     key_types, sources = field_types(), {}
+    if base is not None:
+        values = merge(values, base, source=base_source, key_types=key_types, sources=sources)
     if path is not None:
         path = config_path(path)
         values = merge(values, read_yaml(path), source=str(path), key_types=key_types, sources=sources)

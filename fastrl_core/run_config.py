@@ -268,9 +268,11 @@ def check_environment(config: TrainConfig) -> None:
         raise ConfigError(f"device={config.device!r}: no CUDA device is visible on this machine")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] = (), *, base: dict | None = None,
+                base_source: str = "the run's record") -> RunConfig:
     """The config `path` (a shipped config's name, e.g. "paper", or a YAML file; None: the defaults) under
-    `key=value` overrides (`fastrl_core.config.read_config`), checked and resolved by `resolve_config` (every
-    name, sub-key, type and range, the engine / sketch combination) before anything loads."""
-    config, sources = read_config(path, overrides)
+    `key=value` overrides, over `base` (a resumed run's recorded config: `fastrl_core.config.read_config`), then
+    checked and resolved by `resolve_config` (every name, sub-key, type and range, and the engine / sketch
+    combination) before anything loads."""
+    config, sources = read_config(path, overrides, base=base, base_source=base_source)
     return resolve_config(config, sources=sources)

@@ -13,6 +13,7 @@ from fastrl_core.config import ConfigError, TrainConfig
 from fastrl_core.data.problems import DataError, LoadedProblems, Problem
 from fastrl_core.engines.base import Engine
 from fastrl_core.engines.resolve import ENGINES
+from fastrl_core.resume import check_resumable
 from fastrl_core.store import layout as store_layout
 
 if TYPE_CHECKING:
@@ -37,11 +38,7 @@ def preflight(config: TrainConfig, resume: str | None) -> int | None:
                           "a timestamp is appended for the run id)")
     if resume is None:
         return None
-    if not isinstance(resume, str) or not store_layout.RUN_ID.fullmatch(resume) or not (
-            store_layout.run_dir(store, resume) / "run.json").is_file():
-        known = store_layout.list_runs(store)
-        raise ConfigError(f"--resume {resume!r}: no such run in store {config.store_dir!r} ("
-                          + (f"runs: {', '.join(known[-5:])}" if known else "it has no runs") + ")")
+    check_resumable(config.store_dir, resume)
     return store_layout.lock_run(store, resume)
 
 

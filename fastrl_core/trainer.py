@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,11 +54,12 @@ from fastrl_core.algo.minibatches import minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import PRUNERS
 from fastrl_core.algo.sketches import make_projection, token_sketch
-from fastrl_core.config import TrainConfig
+from fastrl_core.config import ConfigError
 from fastrl_core.data.problems import Problem
 from fastrl_core.data.templates import answer_style
 from fastrl_core.engines.base import Engine, Rollouts
 from fastrl_core.engines.resolve import PROJECTED_SKETCHES
+from fastrl_core.resume import allowed_changes
 from fastrl_core.rewards import RewardParts, score_completions
 from fastrl_core.run_config import RunConfig, check_environment
 from fastrl_core.run_loop import run_interleaved
@@ -71,6 +73,7 @@ if TYPE_CHECKING:
 
     EngineFactory = Callable[[TrainConfig, Policy, SketchProjection | None], Engine]
 
+logger = logging.getLogger(__name__)
 PHASES = ("generate", "reward", "sketch", "prune", "logprob", "update", "store")
 COST_WINDOW = 32  # row_cost='measured': steps of phase times the fit reads (the budget moves the other seconds)
 
@@ -158,25 +161,32 @@ class _UpdateBatch:
 class Trainer:
     """Holds the run's state; `run()` executes the numbered steps until `config.steps` or the time limit.
 
-    `policy`: a ready policy instead of `load_policy(config.model)` (scripts/gpu_check.py builds one at real
-    widths); `engine_factory(config, policy, projection) -> Engine`: instead of `make_engine` (an engine with
-    arguments the config does not carry, or a test double). Subclasses may override `score` (step 3)."""
+    `resume`: continue that run of the store from its newest whole checkpoint, under its recorded config: `config`
+    must equal the record but for the keys in `allow_change` (`fastrl_core.resume.allowed_changes`), which go into
+    the run's config history. `policy`: a ready policy instead of `load_policy(config.model)`
+    (scripts/gpu_check.py builds one at real widths); `engine_factory(config, policy, projection) -> Engine`:
+    instead of `make_engine` (an engine with arguments the config does not carry, or a test double). Subclasses
+    may override `score` (step 3)."""
 
-    def __init__(self, config: RunConfig, *, resume: str | None = None, progress: bool = True,
-                 policy: Policy | None = None, engine_factory: EngineFactory | None = None) -> None:
+    def __init__(self, config: RunConfig, *, resume: str | None = None, allow_change: Iterable[str] = (),
+                 progress: bool = True, policy: Policy | None = None,
+                 engine_factory: EngineFactory | None = None) -> None:
         if not isinstance(config, RunConfig):
             raise TypeError(f"Trainer takes the RunConfig that load_config or resolve_config returns, not a "
                             f"{type(config).__name__}: a config is checked and resolved once, before training")
         check_environment(config)  # this machine's part: vLLM installed, a CUDA device
+        if allow_change and resume is None:
+            raise ConfigError("--allow-change needs --resume RUN_ID (it lets a resumed run's config change)")
         lock = preflight(config, resume)  # before the data set is generated or a model loads
         try:
-            self._build(config, resume, lock, progress, policy, engine_factory)
+            changes = allowed_changes(config, resume, allow_change) if resume else {}
+            self._build(config, resume, changes, lock, progress, policy, engine_factory)
         except BaseException:
             store_layout.unlock_run(lock)
             raise
 
-    def _build(self, config: RunConfig, resume: str | None, lock: int | None, progress: bool,
-               policy: Policy | None, engine_factory: EngineFactory | None) -> None:
+    def _build(self, config: RunConfig, resume: str | None, changes: dict[str, tuple], lock: int | None,
+               progress: bool, policy: Policy | None, engine_factory: EngineFactory | None) -> None:
         from fastrl_core.evaluate import evaluate_with
         from fastrl_core.policy import load_policy
 
@@ -216,6 +226,10 @@ class Trainer:
             # steps written after the checkpoint (all of them without one: the run restarts from its initial state)
             # are dropped, and the resumed run rewrites them exactly
             self.writer = RunWriter.resume(config.store_dir, resume, from_step=self.step, lock_fd=lock)
+            self.writer.record_config(self.step, config.options(), changes)
+            for key, (old, new) in changes.items():
+                logger.warning("run %s: %s %r -> %r from step %d on (allowed; in the run's config history)", resume,
+                               key, old, new, self.step)
         else:
             self.writer = RunWriter(config.store_dir, name=config.run_name, config=config.options(), **store_meta)
         self.engine.sync_weights(model)  # an engine with its own weights starts from the (loaded) policy's
@@ -470,13 +484,17 @@ class Trainer:
     def _apply_checkpoint(self, weights: dict, state: dict, budget_state: dict) -> None:
         self.policy.model.load_state_dict(weights)
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # the saved groups hold the run's weight decay: the config's
+            group["weight_decay"] = self.config.weight_decay  # (changed on resume or not) is the one in force
         self.step, self.train_seconds = state["step"], state["train_seconds"]
         random.setstate(state["python_random"])
         self.pass_costs = state.get("pass_costs", [])  # absent in checkpoints written before row_cost
         self.cursor = state.get("cursor", self.step * self.config.prompts_per_step)  # absent before filling
         self.budget_state = budget_state
 
-def train(config: RunConfig, *, resume: str | None = None, progress: bool = True) -> str:
-    """Train with `config` (or resume run `resume` from its last checkpoint, or from its initial state when it was
-    killed before its first checkpoint); returns the run id."""
-    return Trainer(config, resume=resume, progress=progress).run()
+def train(config: RunConfig, *, resume: str | None = None, allow_change: Iterable[str] = (),
+          progress: bool = True) -> str:
+    """Train with `config` (or resume run `resume` from its newest whole checkpoint, or from its initial state when
+    it was killed before its first checkpoint, letting the keys of `allow_change` differ from its record); returns
+    the run id."""
+    return Trainer(config, resume=resume, allow_change=allow_change, progress=progress).run()

@@ -2,6 +2,7 @@
 
 `fastrl bench` is tested in tests/test_bench.py."""
 
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,10 +91,9 @@ def test_a_bad_dataset_row_or_a_missing_file_fails_in_one_line(tmp_path):
 
     sample = REPO / "tests" / "data" / "geometry3k-sample"
     rows = [json.loads(line) for line in (sample / "problems.jsonl").read_text().splitlines()][:20]
-    rows = [dict(row, image=str(sample / row["image"])) for row in rows]
     rows[3]["image"] = "images/missing.png"
     dataset = tmp_path / "bad"
-    dataset.mkdir()
+    shutil.copytree(sample / "images", dataset / "images")  # a dataset reads only its own folder
     (dataset / "problems.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     store_dir = tmp_path / "store"
     line = _one_error_line(_cli("train", f"dataset={dataset}", f"store_dir={store_dir}", "prompts_per_step=4"))
@@ -163,6 +163,9 @@ def test_eval_skip_bad_on_the_shipped_sample_counts_and_scores_the_good_rows(tmp
     dataset.mkdir()
     (dataset / "problems.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = ["eval", "--dataset", str(dataset), "--store", str(tmp_path / "store"), "--batch-size", "5"]
+    assert main(args) == 2  # its images lie outside its folder: refused unless asked for
+    assert f"row 0 (id {rows[0]['id']!r}): image path '{sample}/images/" in capsys.readouterr().err
+    args.append("--allow-outside-paths")
     assert main(args) == 2 and "row 2 (id 'broken')" in capsys.readouterr().err
     assert main([*args, "--skip-bad"]) == 0
     assert "n=5" in capsys.readouterr().out

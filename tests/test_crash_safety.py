@@ -132,8 +132,9 @@ def test_sigterm_marks_the_run_stopped_and_prints_one_line(tmp_path):
     _, err = process.communicate(timeout=60)
     assert process.returncode == 143, err
     lines = [line for line in err.splitlines() if line.startswith(("fastrl: stopped", "fastrl: error"))]
-    assert lines == ["fastrl: stopped by SIGTERM; a training run is marked stopped and continues with --resume "
-                     "RUN_ID"] and "Traceback" not in err
+    run_id = _only_run(tmp_path)  # the real id and the command that continues the run, not a placeholder
+    assert lines == [f"fastrl: stopped by SIGTERM; run {run_id} is marked stopped; `fastrl train --resume {run_id} "
+                     f"store_dir={tmp_path}` continues it"] and "Traceback" not in err
     run = read_runs(tmp_path).iloc[0]
     assert (run["status"], run["error"]) == ("stopped", "stopped by SIGTERM")
 
@@ -173,7 +174,7 @@ def _write_ok(folder: Path) -> None:
     (folder / "budget.json").write_text("{}")
 
 
-def test_a_checkpoint_swap_always_leaves_one_complete_checkpoint(tmp_path):
+def test_a_checkpoint_swap_always_leaves_whole_checkpoints_the_newest_and_the_previous(tmp_path):
     root = tmp_path / "checkpoints" / "run"
     assert checkpoints.save(root, 2, _write_ok) == root / "step_000002"
     assert (root / "latest").read_text() == "step_000002"
@@ -195,7 +196,10 @@ def test_a_checkpoint_swap_always_leaves_one_complete_checkpoint(tmp_path):
     (root / "latest").unlink()
     assert checkpoints.find_latest(root) == root / "step_000008"
     checkpoints.save(root, 10, _write_ok)
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000010"]
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000008", "step_000010"]  # and the previous
+    checkpoints.save(root, 12, _write_ok)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000010", "step_000012"]
+    assert (root / "step_000012" / "manifest.json").is_file()
 
     old = tmp_path / "checkpoints" / "old"  # the layout before step folders: the old swap's complete .tmp is used
     old.with_name("old.tmp").mkdir()

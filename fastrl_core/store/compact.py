@@ -101,10 +101,12 @@ def _create(con: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict, c
 def _create_runs(con: duckdb.DuckDBPyConnection, meta: dict) -> None:
     row = {c.name: [meta.get(c.name)] for c in schema.RUNS}
     row["config"] = [json.dumps(meta.get("config", {}))]
+    row["config_history"] = [json.dumps(meta.get("config_history", []))]
     for key in ("started", "finished"):
         row[key] = [datetime.fromisoformat(row[key][0]) if row[key][0] else None]
     con.register("runs_arrow", schema.to_arrow({}, row, [], schema.RUNS, 1))
-    con.execute("CREATE TABLE runs AS SELECT * REPLACE (config::JSON AS config) FROM runs_arrow")
+    con.execute("CREATE TABLE runs AS SELECT * REPLACE (config::JSON AS config, config_history::JSON AS "
+                "config_history) FROM runs_arrow")
     con.unregister("runs_arrow")
 
 

@@ -56,6 +56,12 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+def run_id_base(name: str) -> str:
+    """The part of a run id a run name gives: runs of other characters become '-', leading and trailing '-._'
+    go, at most 64 characters ("a/b" -> "a-b", ".." -> "run"); the writer appends a timestamp."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:64] or "run"
+
+
 def run_dir(store_dir: Path, run_id: str) -> Path:
     return Path(store_dir) / "runs" / check_run_id(run_id)
 
@@ -309,7 +315,8 @@ def _view_sql(store_dir: Path) -> list[str]:
     def scan(table: str) -> str:
         return f"read_parquet('{root}/*/{table}/*.parquet', union_by_name=true)"
 
-    run_columns = {c.name: ("JSON" if c.name == "config" else "TIMESTAMPTZ" if c.type == schema.TIMESTAMP
+    run_columns = {c.name: ("JSON" if c.name in ("config", "config_history") else "TIMESTAMPTZ"
+                            if c.type == schema.TIMESTAMP
                             else "VARCHAR") for c in schema.RUNS}
     return [
         f"CREATE VIEW runs AS SELECT * FROM read_json('{root}/*/run.json', columns={run_columns!r})",

@@ -496,6 +496,7 @@ def read_runs(store_dir: str | Path, *, totals: bool = True) -> pd.DataFrame:
         row = {c.name: meta.get(c.name) for c in schema.RUNS}
         row["run_id"] = run_id
         row["config"] = json.dumps(meta.get("config", {}))
+        row["config_history"] = json.dumps(meta.get("config_history", []))
         heartbeat = _heartbeat(store_dir, run_id)
         row |= {"heartbeat": None if heartbeat is None else pd.Timestamp(heartbeat, unit="s", tz="UTC"),
                 "state": run_state(str(meta.get("status")), heartbeat, now)}

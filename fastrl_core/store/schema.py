@@ -53,6 +53,7 @@ RUNS = [
     _c("finished", TIMESTAMP, nullable=True),
     _c("status", STR),
     _c("error", STR, nullable=True),  # first line of why a failed or stopped run ended
+    _c("config_history", STR, nullable=True),  # JSON text: changes allowed on resume (store.config_history)
 ]
 
 STEPS = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+import logging
 import subprocess
 import threading
 import time
@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 
 from fastrl_core import faults
 from fastrl_core.store import layout, schema
+from fastrl_core.store.config_history import fold_after, with_change
 
+logger = logging.getLogger(__name__)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STATUSES = ("running", "finished", "failed", "stopped")
 
@@ -77,7 +79,7 @@ class RunWriter:
             "run_id": self.run_id, "name": name, "config": json.loads(json.dumps(config, default=str)),
             "code_version": code_version or default_code_version(), "model": model, "dataset": dataset,
             "objective": objective, "pruner": pruner, "budget": budget, "started": _now(), "finished": None,
-            "status": "running", "error": None, "sketch_dim": None,
+            "status": "running", "error": None, "sketch_dim": None, "config_history": [],
         }
         self._run_dir = layout.run_dir(self.store_dir, self.run_id)
         for table in layout.TABLE_DIRS:
@@ -119,15 +121,18 @@ class RunWriter:
                 raise ValueError(f"run {run_id!r} already exists in {self.store_dir}; "
                                  "use RunWriter.resume(store_dir, run_id)") from None
             return run_id
-        base = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:64] or "run"
-        base = f"{base}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        kept = layout.run_id_base(name)
+        base = f"{kept}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         for suffix in range(1000):  # mkdir is atomic: two writers starting together get different ids
             candidate = base if suffix == 0 else f"{base}-{suffix + 1}"
             try:
                 layout.run_dir(self.store_dir, candidate).mkdir()
-                return candidate
             except FileExistsError:
                 continue
+            if kept != name:
+                logger.warning("run name %r became %r in the run id %s (run ids keep only ASCII letters, digits, "
+                               "'.', '_' and '-', up to 64 of them)", name, kept, candidate)
+            return candidate
         raise RuntimeError(f"could not find a free run id for {base!r}")
 
     @classmethod
@@ -148,6 +153,7 @@ class RunWriter:
         layout.remove_temp_files(self._run_dir)
         if from_step is not None:
             self._drop_steps(from_step)
+            self.meta["config_history"] = fold_after(self.meta.get("config_history", []), from_step)
         self.meta.update(status="running", finished=None, error=None)
         layout.write_json(self.meta, self._run_dir / "run.json")
         layout.init_store(self.store_dir)
@@ -160,6 +166,18 @@ class RunWriter:
         self._stored_images = self._images_on_disk()
         self._start_heartbeat()
         return self
+
+    def record_config(self, step: int, config: dict, changes: dict[str, tuple]) -> None:
+        """A resumed run's config: `config` is in force from `step` on; `changes` ({key: (old, new)}, each allowed
+        explicitly) go into its config history from that step (`store.config_history`), and the runs row's
+        objective, pruner and budget follow the config. Keys the record lacked (added since) are filled in."""
+        config = json.loads(json.dumps(config, default=str))
+        moved = {key: {"from": json.loads(json.dumps(old, default=str)), "to": config[key]}
+                 for key, (old, _) in changes.items()}
+        self.meta["config_history"] = with_change(self.meta.get("config_history", []), int(step), moved, _now())
+        self.meta["config"] = config
+        self.meta.update({key: str(config[key]) for key in ("objective", "pruner", "budget") if key in config})
+        layout.write_json(self.meta, self._run_dir / "run.json")
 
     def _images_on_disk(self) -> set[str]:
         """Image refs in the run's readable images files (a damaged one is left out: its images are stored again

@@ -5,12 +5,14 @@ in `fastrl_core.metrics`, which the bench and the README use too; this module on
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
 import pandas as pd
 
 from fastrl_core.store import run_state
+from fastrl_core.store.config_history import config_at
 from fastrl_core.store.layout import STALE_AFTER_S
 
 REASON_TEXT = {
@@ -448,3 +450,22 @@ def token_html(tokens: list[tuple[str, float]], advantage: float) -> str:
     badge = (f"<span style='background:{sign};color:white;border-radius:4px;padding:2px 6px;margin-right:6px'>"
              f"advantage {advantage:+.3f}</span>")
     return f"<div style='line-height:2'>{badge}{''.join(spans)}</div>"
+
+
+def _history(run: pd.Series) -> list[dict]:
+    text = run.get("config_history")
+    return json.loads(text) if isinstance(text, str) and text else []
+
+
+def config_in_force(run: pd.Series, step: int) -> dict:
+    """The run's config at `step`: its config now, with the changes its resumes made after `step` undone."""
+    config = json.loads(run["config"]) if isinstance(run.get("config"), str) else {}
+    return config_at(config, _history(run), step)
+
+
+def config_changes(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per key a resume changed (`--allow-change`): run, from step, key, value before and after."""
+    rows = [{"run": run["run_id"], "from step": entry["step"], "key": key, "before": json.dumps(change["from"]),
+             "after": json.dumps(change["to"])}
+            for _, run in runs.iterrows() for entry in _history(run) for key, change in entry["changes"].items()]
+    return pd.DataFrame(rows, columns=["run", "from step", "key", "before", "after"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import shlex
 import sys
 from pathlib import Path
 
@@ -42,6 +41,7 @@ def _train(args: argparse.Namespace) -> int:
         config = load_resume_config(config_path, overrides, args.resume)
     else:
         config = load_config(config_path, overrides)
+    from fastrl_core.resume import resume_command
     from fastrl_core.trainer import Trainer
 
     allow = [key for keys in args.allow_change or () for key in keys.split(",") if key]
@@ -54,11 +54,6 @@ def _train(args: argparse.Namespace) -> int:
         raise
     print(f"run {run_id} finished; store: {config.store_dir}")
     return 0
-
-
-def resume_command(store_dir: str | Path, run_id: str) -> str:
-    """The command that continues run `run_id` of the store (under its recorded config)."""
-    return f"fastrl train --resume {shlex.quote(run_id)} store_dir={shlex.quote(str(store_dir))}"
 
 
 def _eval(args: argparse.Namespace) -> int:

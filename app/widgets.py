@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from fastrl_app import analysis, cached
+from fastrl_core.resume import resume_command
 
 LIVE_EVERY = "2s"  # fragment refresh interval while a run is writing steps
 STATUS_ICON = {"running": ":green[:material/play_circle:]", "finished": ":material/check_circle:",
@@ -119,14 +120,22 @@ def run_caption(run: pd.Series, *, refreshing: bool = False) -> None:
             + " · ".join(f"{name} {analysis.literal(run[key])}" for name, key in (
                 ("objective", "objective"), ("pruner", "pruner"), ("budget", "budget"), ("model", "model"),
                 ("data", "dataset"))))
+    changes = analysis.config_changes(pd.DataFrame([run]))
+    if len(changes):
+        text += " · changed on resume: " + ", ".join(
+            f"{c['key']} {analysis.literal(c['before'])} → {analysis.literal(c['after'])} from step {c['from step']}"
+            for _, c in changes.iterrows())
+    resume = f"`{resume_command(cached.store_dir(), run['run_id'])}` continues it"
     if state == "running" and refreshing:
         text += f" · this page refreshes every {LIVE_EVERY}"
     elif state == "no heartbeat":
-        text += " · its trainer stopped without a word (killed?): `fastrl train ... --resume` continues it"
+        text += f" · its trainer stopped without a word (killed?): {resume}"
     st.caption(text)
     error = run.get("error")
     if state in ("failed", "stopped") and isinstance(error, str) and error:
         st.text(f"{state}: {error}")  # an error's text may quote data: shown as text
+        if state == "stopped":
+            st.caption(resume)
 
 
 def rerun_when_finished(run_id: str, live: bool) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,16 +26,21 @@ from fastrl_core.store import layout
 
 FIXED_ON_RESUME: dict[str, str] = {key: why for keys, why in (
     (("run_name",), "it names the run"),
-    (("model",), "the checkpoint holds that model's weights"),
+    (("model",), "the checkpoint holds its weights"),
     (("dataset", "dataset_skip_bad", "dataset_allow_outside_paths", "train_split", "synthetic_train",
-      "synthetic_kinds", "synthetic_levels"), "they define the problems the prompt stream draws from"),
-    (("seed", "prompts_per_step"), "they define the prompt stream and each step's random numbers, which the "
-                                    "resume replays"),
-    (("test_split", "synthetic_test", "eval_size"), "they define the test set every evaluation of the run uses"),
-    (("rollouts_per_prompt", "budget"), "the budget controller's saved state is theirs"),
+      "synthetic_kinds", "synthetic_levels"), "it decides the problems the prompt stream draws from"),
+    (("seed", "prompts_per_step"), "it decides the prompt stream and each step's random numbers, which the resume "
+                                    "replays"),
+    (("test_split", "synthetic_test", "eval_size"), "it decides the test set of every evaluation of the run"),
+    (("rollouts_per_prompt", "budget"), "the budget controller's saved state is built on it"),
     (("sketch_dim",), "a run stores sketches of one length"),
 ) for key in keys}
 NOT_COMPARED = ("store_dir",)
+
+
+def resume_command(store_dir: str | Path, run_id: str) -> str:
+    """The command that continues run `run_id` of the store (under its recorded config)."""
+    return f"fastrl train --resume {shlex.quote(run_id)} store_dir={shlex.quote(str(store_dir))}"
 
 
 def check_resumable(store_dir: str | Path, run_id: str) -> None:
@@ -92,9 +98,8 @@ def allowed_changes(config: TrainConfig, run_id: str, allow: Iterable[str] = ())
     changes = config_changes(config, recorded_config(config.store_dir, run_id))
     fixed = {key: change for key, change in changes.items() if key in FIXED_ON_RESUME}
     if fixed:
-        raise ConfigError(f"--resume {run_id}: {_listed(fixed, FIXED_ON_RESUME)}: "
-                          f"{'it' if len(fixed) == 1 else 'these'} cannot change when a run resumes; give the run's "
-                          "own values, or start a new run")
+        raise ConfigError(f"--resume {run_id}: {_listed(fixed, FIXED_ON_RESUME)} cannot change when a run resumes; "
+                          "give the run's own values, or start a new run")
     refused = {key: change for key, change in changes.items() if key not in allow}
     if refused:
         keys = ",".join(refused)

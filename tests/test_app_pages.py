@@ -832,3 +832,39 @@ def test_the_app_hides_the_deploy_button_wherever_it_is_launched_from():
     assert command[command.index("--client.toolbarMode") + 1] == "viewer"
     config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
     assert config["client"]["toolbarMode"] == "viewer"
+
+
+def test_a_config_changed_on_resume_shows_on_the_runs_page_and_the_map_uses_the_pruner_in_force(monkeypatch,
+                                                                                                tmp_path):
+    writer = store.RunWriter(tmp_path, name="changed", config={"pruner": "fastrl", "lr": 2e-4, "steps": 8},
+                             model="embedded", dataset="synthetic", objective="grpo", pruner="fastrl",
+                             budget="adaptive", code_version="test")
+    pngs: dict = {}
+    for step in range(4):
+        writer.write_step(step, **fake_step(step, prompts=4, rollouts_per_prompt=4, sketch_dim=8, pngs=pngs))
+    writer.close()  # stopped; resumed with --allow-change pruner,lr: plain GRPO from step 4, no sketches
+    resumed = store.RunWriter.resume(tmp_path, writer.run_id, from_step=4)
+    resumed.record_config(4, {"pruner": "none", "lr": 1e-3, "steps": 8},
+                          {"pruner": ("fastrl", "none"), "lr": (2e-4, 1e-3)})
+    for step in range(4, 8):
+        kwargs = fake_step(step, prompts=4, rollouts_per_prompt=4, sketch_dim=8, pngs=pngs)
+        for row in kwargs["rollouts"]:
+            row["sketch"] = None
+        resumed.write_step(step, **kwargs)
+    resumed.finish()
+    runs = store.read_runs(tmp_path)
+    assert runs.loc[0, "pruner"] == "none"  # the runs row says what is in force now ...
+    assert analysis.config_in_force(runs.iloc[0], 3)["pruner"] == "fastrl"  # ... and the history what was before
+    assert analysis.config_in_force(runs.iloc[0], 4) == {"pruner": "none", "lr": 1e-3, "steps": 8}
+
+    at = open_page(monkeypatch, tmp_path, None)
+    table = next(d.value for d in at.dataframe if "before" in d.value.columns)
+    assert table.to_dict("records") == [
+        {"run": writer.run_id, "from step": 4, "key": "pruner", "before": '"fastrl"', "after": '"none"'},
+        {"run": writer.run_id, "from step": 4, "key": "lr", "before": "0.0002", "after": "0.001"}]
+    assert "Config changes on resume" in [s.value for s in at.subheader]
+    at = open_page(monkeypatch, tmp_path, "embeddings", run=writer.run_id)
+    assert 'changed on resume: pruner "fastrl" → "none" from step 4' in texts(at)
+    at.select_slider(key="map_steps").set_value((4, 7)).run()  # the steps after the change have no sketches
+    (info,) = [i.value for i in at.info]
+    assert "(pruner `none`)" in info and "fastrl" not in info  # the pruner in force there, not the first one

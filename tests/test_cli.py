@@ -169,3 +169,45 @@ def test_eval_skip_bad_on_the_shipped_sample_counts_and_scores_the_good_rows(tmp
     assert main(args) == 2 and "row 2 (id 'broken')" in capsys.readouterr().err
     assert main([*args, "--skip-bad"]) == 0
     assert "n=5" in capsys.readouterr().out
+
+
+def test_every_bad_input_of_the_probe_is_one_line_with_exit_2(tmp_path):
+    """Issue 46's probe, through the real command: each case one line on stderr, exit 2, no run created."""
+    twice, empty = tmp_path / "twice.yaml", tmp_path / "empty.yaml"
+    twice.write_text("steps: 3\nlr: 1e-3\nlr: 2e-3\n")
+    empty.write_text("")
+    one = tmp_path / "one"
+    shutil.copytree(REPO / "tests" / "data" / "geometry3k-sample" / "images", one / "images")
+    (one / "problems.jsonl").write_text(
+        (REPO / "tests" / "data" / "geometry3k-sample" / "problems.jsonl").read_text().splitlines()[0] + "\n")
+    store_dir = tmp_path / "store"
+    cases = {
+        (str(twice),): f"fastrl: error: {twice}: line 3: key 'lr' is given twice (first on line 2); give it once",
+        (str(empty),): f"fastrl: error: {empty}: the file is empty (no config keys); give at least one key, or no "
+                       "config file for the defaults",
+        (str(tmp_path),): f"fastrl: error: config file '{tmp_path}' is a folder; give a YAML file (e.g. "
+                          "configs/embedded.yaml)",
+        ("steps=1000000000000000",): "fastrl: error: command line: steps=1000000000000000 is out of range: it must "
+                                     "be >= 1 and <= 10,000,000",
+        (f"dataset={one}", "prompts_per_step=4"): f"fastrl: error: dataset '{one}' split 'train': 1 usable problems, "
+                                                  "fewer than prompts_per_step=4 (one step takes that many distinct "
+                                                  "problems): lower prompts_per_step or add problems",
+    }
+    for args, expected in cases.items():
+        assert _one_error_line(_cli("train", *args, f"store_dir={store_dir}")) == expected
+    assert not (store_dir / "runs").exists()
+    assert "--allow-outside-paths" in _cli("eval", "--help").stdout
+
+
+@pytest.mark.parametrize("name, kept", [("a/b", "a-b"), ("..", "run"), ("Ünïcødé-运行", "n-c-d")])
+def test_a_run_name_that_changes_in_the_run_id_says_what_it_became(tmp_path, name, kept):
+    done = _cli("train", "configs/embedded.yaml", f"run_name={name}", f"store_dir={tmp_path}", "steps=1",
+                "eval_every=0", "checkpoint_every=0", "prompts_per_step=2", "rollouts_per_prompt=2",
+                "synthetic_train=8", "synthetic_test=4", "threads=1")
+    assert done.returncode == 0, done.stderr
+    (run_id,) = store.list_runs(tmp_path)
+    assert run_id.startswith(f"{kept}-")
+    lines = [line for line in done.stderr.splitlines() if "became" in line]
+    assert lines == [f"run name {name!r} became {kept!r} in the run id {run_id} (run ids keep only ASCII letters, "
+                     "digits, '.', '_' and '-', up to 64 of them)"]
+    assert store.read_runs(tmp_path).iloc[0]["name"] == name  # the name itself is kept in the record

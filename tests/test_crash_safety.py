@@ -6,6 +6,7 @@ campaign is tests/test_fault_injection.py."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -359,3 +360,193 @@ def test_an_empty_dataset_is_one_line(tmp_path, capsys):
         load_problems(dataset)
     assert _error_line(capsys, ["train", f"dataset={dataset}", f"store_dir={tmp_path}/store"]) == (
         f"fastrl: error: {dataset / 'problems.jsonl'}: no problems (the file has no rows)")
+
+
+# ------------------------------------------------------------------------ a run's record is its truth (issue 46)
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> tuple[Path, str, list[float]]:
+    """A run stopped after 3 of its 4 steps with a checkpoint after each (so steps 2 and 3 are kept), and the
+    per-step rewards of the same run trained straight through."""
+    root = tmp_path_factory.mktemp("stopped")
+    trainer = Trainer(_config(root / "store", checkpoint_every=1), progress=False)
+    for _ in range(3):
+        trainer.train_step()
+        trainer.save_checkpoint()
+    trainer.writer.finish("stopped", "stopped by SIGINT (Ctrl-C)")
+    straight = Trainer(_config(root / "straight", checkpoint_every=1), progress=False)
+    straight.run()
+    return root / "store", trainer.writer.run_id, read_steps(root / "straight", straight.writer.run_id)[
+        "reward_mean"].tolist()
+
+
+def _copy(stopped, tmp_path) -> tuple[Path, str]:
+    source, run_id, _ = stopped
+    shutil.copytree(source, tmp_path / "store")  # a copied store reads its own files
+    return tmp_path / "store", run_id
+
+
+def _train_cli(store: Path, *args: str, **overrides) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+                           *_overrides(store, checkpoint_every=1, **overrides), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _messages(err: str) -> list[str]:
+    """stderr without progress bars and model-loading bars."""
+    return [line for line in err.splitlines() if line.strip() and "%|" not in line]
+
+
+def test_a_resume_with_changed_overrides_is_refused_in_one_line_naming_the_keys(stopped, tmp_path, capsys):
+    store, run_id = _copy(stopped, tmp_path)
+    before = (layout.run_dir(store, run_id) / "run.json").read_text()
+    argv = ["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1), "lr=1e-3",
+            "pruner=none", "--resume", run_id]
+    assert _error_line(capsys, argv) == (
+        f"fastrl: error: --resume {run_id}: lr (0.0002 -> 0.001), pruner ('fastrl' -> 'none') differ from the run's "
+        "record; a resume continues the run under its own config: drop these overrides, or change them from the step "
+        "it resumes at with --allow-change lr,pruner")
+    assert _error_line(capsys, [*argv, "--allow-change", "lr"]) == (  # only the keys named are allowed
+        f"fastrl: error: --resume {run_id}: pruner ('fastrl' -> 'none') differs from the run's record; a resume "
+        "continues the run under its own config: drop these overrides, or change them from the step it resumes at "
+        "with --allow-change pruner")
+    assert (layout.run_dir(store, run_id) / "run.json").read_text() == before  # nothing written, nothing trained
+    assert read_steps(store, run_id)["step"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("override, key, old, new", [
+    ("seed=1", "seed", "0", "1"), ("model=other/model", "model", "'embedded'", "'other/model'"),
+    ("rollouts_per_prompt=8", "rollouts_per_prompt", "4", "8"), ("prompts_per_step=2", "prompts_per_step", "4", "2"),
+    ("dataset_skip_bad=true", "dataset_skip_bad", "False", "True"), ("budget=fixed", "budget", "'adaptive'", "'fixed'"),
+])
+def test_what_defines_a_run_cannot_change_on_resume_even_when_allowed(stopped, tmp_path, capsys, override, key, old,
+                                                                       new):
+    from fastrl_core.resume import FIXED_ON_RESUME
+
+    store, run_id = _copy(stopped, tmp_path)
+    argv = ["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1), override,
+            "--resume", run_id]
+    assert _error_line(capsys, argv) == (
+        f"fastrl: error: --resume {run_id}: {key} ({old} -> {new}: {FIXED_ON_RESUME[key]}) cannot change when a run "
+        "resumes; give the run's own values, or start a new run")
+    assert _error_line(capsys, [*argv, "--allow-change", key]) == (
+        f"fastrl: error: --allow-change {key}: {key} cannot change when a run resumes ({FIXED_ON_RESUME[key]}); "
+        "start a new run for it")
+
+
+def test_allow_change_is_checked(stopped, tmp_path, capsys):
+    store, run_id = _copy(stopped, tmp_path)
+    base = ["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1)]
+    assert _error_line(capsys, [*base, "--allow-change", "lr"]) == (
+        "fastrl: error: --allow-change needs --resume RUN_ID (it lets a resumed run's config change)")
+    assert _error_line(capsys, [*base, "--resume", run_id, "--allow-change", "lrr"]).startswith(
+        "fastrl: error: --allow-change 'lrr': unknown config key; valid keys: accuracy_weight")
+
+
+def test_an_allowed_change_is_trained_with_and_recorded_from_the_step_it_applies_to(stopped, tmp_path, capsys,
+                                                                                    caplog):
+    store, run_id = _copy(stopped, tmp_path)
+    assert cli_main(["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1),
+                     "lr=1e-3", "pruner=none", "--resume", run_id, "--allow-change", "lr,pruner"]) == 0
+    assert f"run {run_id}: lr 0.0002 -> 0.001 from step 3 on (allowed; in the run's config history)" in caplog.text
+    meta = layout.read_run_json(store, run_id)
+    assert (meta["config"]["lr"], meta["config"]["pruner"], meta["pruner"]) == (1e-3, "none", "none")
+    (entry,) = meta["config_history"]
+    assert (entry["step"], entry["changes"]) == (3, {"lr": {"from": 2e-4, "to": 1e-3},
+                                                     "pruner": {"from": "fastrl", "to": "none"}})
+    steps = read_steps(store, run_id)
+    warmup = load_config(REPO / "configs" / "embedded.yaml").warmup_steps
+    assert steps["lr"].tolist() == pytest.approx([2e-4 * min(1, (s + 1) / warmup) for s in range(3)]
+                                                 + [1e-3 * min(1, 4 / warmup)])  # the new lr from step 3 on
+    kept = read_rollouts(store, run_id, step=3)
+    assert set(kept.loc[~kept["kept"], "reason"]) <= {"DUPLICATE"}  # pruner none: only copies are left out
+    assert json.loads(read_runs(store).iloc[0]["config_history"]) == meta["config_history"]
+    capsys.readouterr()
+    # the next resume is under the record as it is now: the same command line is no change
+    assert cli_main(["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1),
+                     "lr=1e-3", "pruner=none", "--resume", run_id]) == 0
+
+
+def test_a_resume_needs_only_the_store_its_config_comes_from_the_record(stopped, tmp_path):
+    store, run_id = _copy(stopped, tmp_path)
+    done = subprocess.run([sys.executable, "-m", "fastrl_core.cli", "train", f"store_dir={store}", "--resume", run_id],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    steps = read_steps(store, run_id)  # 4 steps of 4 prompts x 4 rollouts, as recorded, not the defaults' 100 x 16
+    assert steps["step"].tolist() == [0, 1, 2, 3] and (steps["rollouts_sampled"] <= 16).all()
+    assert steps["reward_mean"].tolist() == pytest.approx(stopped[2])  # and exactly the straight run
+    assert layout.read_run_json(store, run_id)["config_history"] == []
+
+
+def _damage_checkpoint(folder: Path, how: str) -> str:
+    """Damage a checkpoint as a disk or a copy would; returns the problem `store check` should name."""
+    if how == "truncated":  # the probe of issue 46: truncate -s 1000 .../trainer.pt
+        size = (folder / "trainer.pt").stat().st_size
+        os.truncate(folder / "trainer.pt", 1000)
+        return f"trainer.pt: 1,000 bytes, the manifest says {size:,}"
+    if how == "bit-flipped":
+        weights = next(p for p in (folder / "policy").iterdir() if p.suffix == ".safetensors")
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        weights.write_bytes(bytes(data))
+        return f"policy/{weights.name}: checksum differs from the manifest's (the file is damaged)"
+    (folder / "budget.json").unlink()
+    return "budget.json: missing"
+
+
+@pytest.mark.parametrize("how", ["truncated", "bit-flipped", "missing"])
+def test_a_damaged_checkpoint_is_named_by_store_check_and_resume_falls_back_to_the_previous(stopped, tmp_path, capsys,
+                                                                                            how):
+    store, run_id = _copy(stopped, tmp_path)
+    newest = checkpoints.root(store, run_id) / "step_000003"
+    problem = _damage_checkpoint(newest, how)
+    capsys.readouterr()
+    assert cli_main(["store", "check", str(store)]) == 1  # as for any damaged store file
+    out = capsys.readouterr().out
+    assert f"damaged: checkpoints/{run_id}/step_000003: {problem}" in out.splitlines()
+    done = _train_cli(store, "--resume", run_id)
+    assert done.returncode == 0, done.stderr
+    assert _messages(done.stderr) == [
+        f"run {run_id}: checkpoint step_000003 ({problem}) is damaged; resuming from the previous whole checkpoint "
+        "step_000002"]
+    steps = read_steps(store, run_id)
+    assert steps["step"].tolist() == [0, 1, 2, 3]
+    assert steps["reward_mean"].tolist() == pytest.approx(stopped[2])  # steps 2 and 3 re-run exactly
+
+
+def test_with_no_whole_checkpoint_resume_stops_in_one_line_and_quarantine_lets_it_restart(tmp_path, stopped):
+    store, run_id = _copy(stopped, tmp_path)
+    root = checkpoints.root(store, run_id)
+    problems = {name: _damage_checkpoint(root / name, how)
+                for name, how in (("step_000003", "truncated"), ("step_000002", "missing"))}
+    done = _train_cli(store, "--resume", run_id)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert _messages(done.stderr) == [
+        f"fastrl: error: run {run_id}: no whole checkpoint to resume from: checkpoints step_000003 "
+        f"({problems['step_000003']}), step_000002 ({problems['step_000002']}) are damaged (`fastrl store check "
+        f"{store} --quarantine` moves the damaged ones aside; --resume then restarts the run from its first step)"]
+    assert read_runs(store).iloc[0]["status"] == "stopped"  # untouched
+    assert cli_main(["store", "check", str(store), "--quarantine"]) == 0
+    assert sorted(p.name for p in (store / "quarantine" / "checkpoints" / run_id).iterdir()) == [
+        "step_000002", "step_000003"]
+    done = _train_cli(store, "--resume", run_id)
+    assert done.returncode == 0, done.stderr
+    assert read_steps(store, run_id)["reward_mean"].tolist() == pytest.approx(stopped[2])
+
+
+def test_a_checkpoint_written_before_manifests_still_resumes_and_one_that_does_not_load_is_passed_over(
+        tmp_path, stopped, capsys, caplog):
+    store, run_id = _copy(stopped, tmp_path)
+    root = checkpoints.root(store, run_id)
+    for folder in root.glob("step_*"):  # as the code before manifests wrote them
+        (folder / "manifest.json").unlink(missing_ok=True)
+    capsys.readouterr()
+    assert cli_main(["store", "check", str(store)]) == 0
+    assert "2 checkpoint(s) written before manifests: not verified" in capsys.readouterr().out
+    os.truncate(root / "step_000003" / "trainer.pt", 1000)
+    resumed = Trainer(_config(store, checkpoint_every=1), resume=run_id, progress=False)
+    assert resumed.step == 2  # the older one, which loads
+    assert f"run {run_id}: checkpoint step_000003 (it does not load (" in caplog.text
+    resumed.run()
+    assert read_steps(store, run_id)["reward_mean"].tolist() == pytest.approx(stopped[2])

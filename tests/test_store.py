@@ -623,3 +623,79 @@ def test_whole_run_reads_follow_a_step_moved_to_quarantine(tmp_path):
     writer.write_step(4, **tiny_step())
     assert sorted(set(store.read_groups(tmp_path, run_id)["step"])) == [0, 1, 3, 4]
     assert store.read_reason_counts(tmp_path, run_id)["step"].tolist() == [0, 1, 3, 4]
+
+
+# ------------------------------------------------------------------------------------- a run's config history
+
+def test_config_history_by_hand():
+    from fastrl_core.store.config_history import config_at, fold_after, with_change
+
+    now = {"lr": 3e-3, "pruner": "none", "steps": 8}  # the config in force now
+    history = with_change([], 4, {"lr": {"from": 1e-3, "to": 2e-3}, "pruner": {"from": "fastrl", "to": "none"}}, "t1")
+    history = with_change(history, 6, {"lr": {"from": 2e-3, "to": 3e-3}}, "t2")
+    assert [entry["step"] for entry in history] == [4, 6]
+    assert config_at(now, history, 3) == {"lr": 1e-3, "pruner": "fastrl", "steps": 8}
+    assert config_at(now, history, 4) == config_at(now, history, 5) == {"lr": 2e-3, "pruner": "none", "steps": 8}
+    assert config_at(now, history, 6) == now
+    # a resume from step 5 (the checkpoint of step 6 was damaged) re-runs 5 on: the change of step 6 applies from 5
+    folded = fold_after(history, 5)
+    assert folded[-1] == {"step": 5, "changes": {"lr": {"from": 2e-3, "to": 3e-3}}, "time": "t2"}
+    # from step 2: both entries become one, from the first "from" to the last "to"
+    assert fold_after(history, 2) == [{"step": 2, "changes": {"lr": {"from": 1e-3, "to": 3e-3},
+                                                              "pruner": {"from": "fastrl", "to": "none"}},
+                                       "time": "t2"}]
+    # a change and its undo at the same step leave no entry
+    back = with_change(history, 6, {"lr": {"from": 3e-3, "to": 2e-3}}, "t3")
+    assert back == history[:1]
+
+
+def test_record_config_writes_the_history_the_runs_row_the_views_and_the_compact_file(tmp_path):
+    writer = store.RunWriter(tmp_path, name="r", config={"lr": 1e-3, "pruner": "fastrl"}, model="m", dataset="d",
+                             objective="grpo", pruner="fastrl", budget="fixed", code_version="test")
+    for step in range(3):
+        writer.write_step(step, **fake_step(step, prompts=2, rollouts_per_prompt=2, sketch_dim=4))
+    writer.close()
+    resumed = store.RunWriter.resume(tmp_path, writer.run_id, from_step=2)
+    resumed.record_config(2, {"lr": 5e-3, "pruner": "cppo"}, {"lr": (1e-3, 5e-3), "pruner": ("fastrl", "cppo")})
+    expected = [{"step": 2, "changes": {"lr": {"from": 1e-3, "to": 5e-3}, "pruner": {"from": "fastrl", "to": "cppo"}}}]
+    meta = layout.read_run_json(tmp_path, writer.run_id)
+    assert [{k: e[k] for k in ("step", "changes")} for e in meta["config_history"]] == expected
+    assert (meta["config"], meta["pruner"]) == ({"lr": 5e-3, "pruner": "cppo"}, "cppo")
+    runs = store.read_runs(tmp_path)
+    assert runs.iloc[0]["pruner"] == "cppo" and json.loads(runs.iloc[0]["config_history"])[0]["step"] == 2
+    resumed.finish()
+    with layout.open_views(tmp_path) as con:  # the store's views, and a run without a history (older run.json)
+        history = con.sql("SELECT config_history FROM runs").fetchall()[0][0]
+    assert json.loads(history)[0]["changes"]["pruner"]["to"] == "cppo"
+    with duckdb.connect(str(layout.compact_file(tmp_path, writer.run_id)), read_only=True) as con:
+        assert json.loads(con.sql("SELECT config_history FROM runs").fetchall()[0][0])[0]["step"] == 2
+    old = json.loads((layout.run_dir(tmp_path, writer.run_id) / "run.json").read_text())
+    del old["config_history"]
+    (layout.run_dir(tmp_path, writer.run_id) / "run.json").write_text(json.dumps(old))
+    assert store.read_runs(tmp_path).iloc[0]["config_history"] == "[]"
+    with layout.open_views(tmp_path) as con:
+        assert con.sql("SELECT config_history FROM runs").fetchall() == [(None,)]
+
+
+def test_checkpoint_manifests_find_every_kind_of_damage(tmp_path):
+    from fastrl_core.store.manifest import manifest_problem, write_manifest
+
+    folder = tmp_path / "ckpt"
+    (folder / "policy").mkdir(parents=True)
+    (folder / "policy" / "weights.safetensors").write_bytes(bytes(range(256)) * 40)
+    (folder / "trainer.pt").write_bytes(b"t" * 5000)
+    write_manifest(folder)
+    assert manifest_problem(folder) is None
+    data = bytearray((folder / "policy" / "weights.safetensors").read_bytes())
+    data[100] ^= 1
+    (folder / "policy" / "weights.safetensors").write_bytes(bytes(data))
+    assert manifest_problem(folder) == ("policy/weights.safetensors: checksum differs from the manifest's (the file "
+                                        "is damaged)")
+    os.truncate(folder / "trainer.pt", 1000)
+    assert manifest_problem(folder) == "trainer.pt: 1,000 bytes, the manifest says 5,000"  # sizes first
+    (folder / "trainer.pt").unlink()
+    assert manifest_problem(folder) == "trainer.pt: missing"
+    (folder / "manifest.json").write_text("{not json")
+    assert manifest_problem(folder).startswith("manifest.json does not read (JSONDecodeError")
+    (folder / "manifest.json").write_text(json.dumps({"files": {"../../etc/hostname": {"size": 1, "sha256": "0"}}}))
+    assert manifest_problem(folder) == "manifest.json lists '../../etc/hostname', a path outside its folder"

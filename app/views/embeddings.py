@@ -33,18 +33,19 @@ window = [s for s in step_ids if low <= s <= high]
 mapped = analysis.map_steps(steps[steps["step"].isin(window)], MAX_POINTS)
 meta, matrix = cached.sketches(run_id, mapped, limit=MAX_POINTS)
 unread = [s for s in mapped if widgets.file_problem(run_id, s, "rollouts", "its rollouts are not on the map")]
+pruner = analysis.config_in_force(run, high).get("pruner", run["pruner"])  # a resume may have changed it
 if meta.empty:
     if unread:
         widgets.stop()
     if cached.rollouts(run_id, window[-1]).empty:
         st.info(f"Run `{run_id}` was trained without rollout logging (log_rollouts=false): it stored no rollouts "
                 "and so no sketches.")
-    elif run["pruner"] == "none":
+    elif pruner == "none":
         st.info(f"Run `{run_id}` is plain GRPO (pruner `none`): it ranks no rollouts, so the trainer computed no "
                 "gradient sketches to map. Its rollouts are on the Rollouts page; pick a FastRL run here.")
     else:
-        st.info(f"No gradient sketches in steps {low}–{high} of `{run_id}`: its pruner `{run['pruner']}` does not "
-                "use them (only FastRL's does).")
+        st.info(f"No gradient sketches in steps {low}–{high} of `{run_id}`: its pruner {analysis.literal(pruner)} (at "
+                f"step {high}) does not use them (only FastRL's does).")
     widgets.stop()
 
 projection = cached.project(run_id, meta, matrix)

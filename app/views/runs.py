@@ -31,6 +31,12 @@ st.dataframe(table, hide_index=True, width="stretch", column_config={
     "best eval accuracy": st.column_config.TextColumn(help="Greedy accuracy on the eval split (— : no evaluation)"),
 }, key="runs_table")
 st.caption("— : not recorded yet (no evaluation, or no step). The table scrolls sideways when the window is narrow.")
+changes = analysis.config_changes(runs)
+if len(changes):
+    st.subheader("Config changes on resume")
+    st.dataframe(changes, hide_index=True, width="stretch", key="config_changes")
+    st.caption("Keys a resume was explicitly allowed to change (`fastrl train --resume RUN --allow-change KEY`), "
+               "each from the step it applies to: the run's steps before it ran with the value before.")
 live = any(widgets.status(r) == "running" for _, r in runs.iterrows())
 labels = metrics.run_labels(runs.sort_values("started", kind="stable"))
 X_AXES = {"training seconds": ("wall_time", "training seconds"), "CPU seconds": ("cpu_time", "CPU seconds"),

@@ -1,6 +1,8 @@
-"""Kill `fastrl train` with SIGKILL at chosen and at random instants, resume it, and count what was lost.
+"""Kill `fastrl train` with SIGKILL at chosen and at random instants, damage its checkpoints, resume it, and count
+what was lost.
 
-    python scripts/fault_injection.py --trials 12 [--seed 0] [--workdir DIR] [--no-disk-full] [--json OUT]
+    python scripts/fault_injection.py --trials 12 [--damage-trials 6] [--seed 0] [--workdir DIR] [--no-disk-full]
+                                      [--json OUT]
 
 Each trial trains a tiny run (8 steps on the embedded default, an evaluation every 2 steps, a checkpoint every 3)
 in a store shared by all trials and kills it, either at a named point (`fastrl_core.faults.POINTS`: inside a
@@ -9,6 +11,12 @@ random delay. While killed, the store's readers must open it (every run, every t
 itself killed again at random with probability 1/3, until the run finishes. After each trial every step and every
 evaluation must be present exactly once, the steps must equal an uninterrupted run's (exact resume), and
 `fastrl store check` must find no damaged file.
+
+The damaged-checkpoint trials kill a run just after its second checkpoint (or its first), then damage the newest
+checkpoint as a disk or a copy might: a truncated trainer.pt, one flipped bit in a random file, or a random file
+deleted. `fastrl store check` must name it (exit 1); `--resume` must fall back to the previous whole checkpoint in
+one line and finish identical to the uninterrupted run, or, with no previous one, stop in one line with exit 2,
+and after `fastrl store check --quarantine` restart the run from its first step.
 
 The full-disk trial (root only: it mounts a small tmpfs) trains on a store too small for the run, checks that
 the error is one line, the run is marked and the store opens, then grows the disk and resumes.
@@ -23,6 +31,7 @@ import collections
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -169,6 +178,66 @@ def kill_trial(store: Path, index: int, rng: random.Random, duration: float, ref
             "reader_errors": reader_errors, "damaged": damaged, **verify(store, run_id, reference)}
 
 
+DAMAGES = ("truncated", "bit-flipped", "missing")
+
+
+def damage_checkpoint(folder: Path, how: str, rng: random.Random) -> str:
+    """Damage a checkpoint folder: truncate its trainer.pt to 1000 bytes, flip one bit of a random file, or delete a
+    random file; returns the file damaged (relative to the folder)."""
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
+    name = "trainer.pt" if how == "truncated" else rng.choice(files)
+    path = folder / name
+    if how == "truncated":
+        os.truncate(path, 1000)
+    elif how == "bit-flipped":
+        data = bytearray(path.read_bytes())
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
+    else:
+        path.unlink()
+    return name
+
+
+def store_check(store: Path, *extra: str) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "fastrl_core.cli", "store", "check", str(store), *extra], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return done.returncode, done.stdout
+
+
+def messages(err: str) -> list[str]:
+    """stderr's lines without the progress bars (and the cursor moves they leave)."""
+    lines = (re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line).strip() for line in err.splitlines())
+    return [line for line in lines if line and "%|" not in line]
+
+
+def damage_trial(store: Path, index: int, rng: random.Random, reference: list[float]) -> dict:
+    """Damaged-checkpoint trial `index`: the kinds of DAMAGES in turn; odd trials damage the only checkpoint."""
+    name, how, previous = f"damage-{index}", DAMAGES[index % len(DAMAGES)], index % 2 == 0
+    rc, _ = launch(train_command(store, name), kill_at=f"checkpoint.pointed:{2 if previous else 1}")
+    if rc != -9:
+        raise RuntimeError(f"{name}: training was not killed ({rc})")
+    run_id = run_id_of(store, name)
+    newest = checkpoints.find_latest(checkpoints.root(store, run_id))
+    damaged = damage_checkpoint(newest, how, rng)
+    check_rc, check_out = store_check(store)
+    named = check_rc == 1 and any(line.startswith(f"damaged: checkpoints/{run_id}/{newest.name}: ")
+                                  for line in check_out.splitlines())
+    rc, err = launch(train_command(store, name, resume=run_id))
+    lines = messages(err)
+    result = {"trial": name, "damage": how, "file": damaged, "checkpoint": newest.name, "named_by_store_check": named,
+              "resume_returncode": rc, "resume_lines": lines, "traceback": "Traceback" in err}
+    if previous:
+        result["fell_back_in_one_line"] = rc == 0 and len(lines) == 1 and "resuming from the previous whole" in lines[0]
+    else:
+        result["refused_in_one_line"] = rc == 2 and len(lines) == 1 and "no whole checkpoint to resume from" in lines[0]
+        quarantine_rc, _ = store_check(store, "--quarantine")
+        rc, err = launch(train_command(store, name, resume=run_id))
+        if quarantine_rc != 0 or rc != 0:
+            raise RuntimeError(f"{name}: quarantine ({quarantine_rc}) or the resume after it ({rc}) failed: "
+                               f"{err[-2000:]}")
+    return {**result, **verify(store, run_id, reference)}
+
+
 def disk_full_trial(workdir: Path, reference_size: int, reference: list[float]) -> dict:
     """Train on a tmpfs too small for the run, then grow it and resume. Skipped (with why) where mount fails."""
     mount = workdir / "small-disk"
@@ -200,7 +269,7 @@ def disk_full_trial(workdir: Path, reference_size: int, reference: list[float]) 
 
 
 def run_campaign(trials: int, seed: int, workdir: Path, *, disk_full: bool = True,
-                 points: tuple[str, ...] = faults.POINTS) -> dict:
+                 points: tuple[str, ...] = faults.POINTS, damage_trials: int = 6) -> dict:
     rng = random.Random(seed)
     reference_store = workdir / "reference"
     start = time.time()
@@ -227,6 +296,21 @@ def run_campaign(trials: int, seed: int, workdir: Path, *, disk_full: bool = Tru
         "store_check_at_end": len(check_store(store)),
         "trials": results,
     }
+    damaged = [damage_trial(workdir / "damaged", i, rng, reference) for i in range(damage_trials)]
+    figures["damaged_checkpoints"] = {
+        "runs": len(damaged), "kinds": dict(collections.Counter(d["damage"] for d in damaged)),
+        "named_by_store_check": sum(d["named_by_store_check"] for d in damaged),
+        "with_a_previous": sum("fell_back_in_one_line" in d for d in damaged),
+        "fell_back_in_one_line": sum(d.get("fell_back_in_one_line", False) for d in damaged),
+        "without_one": sum("refused_in_one_line" in d for d in damaged),
+        "refused_in_one_line": sum(d.get("refused_in_one_line", False) for d in damaged),
+        "tracebacks": sum(d["traceback"] for d in damaged),
+        "finished": sum(d["finished"] for d in damaged), "exact": sum(d["exact"] for d in damaged),
+        "steps_lost": sum(d["steps_lost"] + d["steps_doubled"] for d in damaged),
+        "evals_lost": sum(d["evals_lost"] + d["evals_doubled"] for d in damaged),
+        "store_check_at_end": len(check_store(workdir / "damaged")) if damaged else 0,
+        "trials": damaged,
+    }
     if disk_full:
         figures["disk_full"] = disk_full_trial(workdir, size, reference)
     return figures
@@ -243,6 +327,17 @@ def report(figures: dict) -> str:
              f"reader errors while killed {figures['reader_errors']}; files damaged {figures['files_damaged']}, "
              f"skipped by readers {figures['files_skipped_by_readers']}; `store check` at the end: "
              f"{figures['store_check_at_end']} damaged"]
+    damaged = figures.get("damaged_checkpoints")
+    if damaged and damaged["runs"]:
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(damaged["kinds"].items()))
+        lines.append(f"damaged checkpoints {damaged['runs']} ({kinds}): named by `store check` "
+                     f"{damaged['named_by_store_check']}; with a previous checkpoint {damaged['with_a_previous']}, "
+                     f"resume fell back to it in one line {damaged['fell_back_in_one_line']}; without one "
+                     f"{damaged['without_one']}, resume stopped in one line with exit 2 {damaged['refused_in_one_line']}"
+                     f" (then quarantined and restarted); tracebacks {damaged['tracebacks']}; finished "
+                     f"{damaged['finished']}, identical to the uninterrupted run {damaged['exact']}; steps lost or "
+                     f"doubled {damaged['steps_lost']}, evaluations {damaged['evals_lost']}; `store check` at the end: "
+                     f"{damaged['store_check_at_end']} damaged")
     disk = figures.get("disk_full")
     if disk and "skipped" in disk:
         lines.append(f"full disk: skipped ({disk['skipped']})")
@@ -259,6 +354,8 @@ def report(figures: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=12)
+    parser.add_argument("--damage-trials", type=int, default=6, help="runs whose newest checkpoint is damaged "
+                        "(truncated, bit-flipped, a file missing in turn; every other one has no previous checkpoint)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temp folder, removed at the end")
     parser.add_argument("--no-disk-full", action="store_true")
@@ -266,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fastrl-faults-"))
     try:
-        figures = run_campaign(args.trials, args.seed, workdir, disk_full=not args.no_disk_full)
+        figures = run_campaign(args.trials, args.seed, workdir, disk_full=not args.no_disk_full,
+                               damage_trials=args.damage_trials)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -274,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(figures, indent=1, default=str))
     print(report(figures))
     lost = figures["steps_lost"] + figures["evals_lost"] + figures["steps_doubled"] + figures["evals_doubled"]
-    return 1 if lost or figures["reader_errors"] or figures["store_check_at_end"] else 0
+    damaged = figures["damaged_checkpoints"]
+    missed = damaged["runs"] - damaged["exact"] + damaged["runs"] - damaged["named_by_store_check"] + (
+        damaged["with_a_previous"] - damaged["fell_back_in_one_line"]) + (
+        damaged["without_one"] - damaged["refused_in_one_line"]) + damaged["store_check_at_end"]
+    return 1 if lost or missed or figures["reader_errors"] or figures["store_check_at_end"] else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -393,8 +394,9 @@ def _train_cli(store: Path, *args: str, **overrides) -> subprocess.CompletedProc
 
 
 def _messages(err: str) -> list[str]:
-    """stderr without progress bars and model-loading bars."""
-    return [line for line in err.splitlines() if line.strip() and "%|" not in line]
+    """stderr without the progress bars (and the cursor moves they leave)."""
+    lines = (re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line).strip() for line in err.splitlines())
+    return [line for line in lines if line and "%|" not in line]
 
 
 def test_a_resume_with_changed_overrides_is_refused_in_one_line_naming_the_keys(stopped, tmp_path, capsys):

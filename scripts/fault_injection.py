@@ -182,10 +182,16 @@ DAMAGES = ("truncated", "bit-flipped", "missing")
 
 
 def damage_checkpoint(folder: Path, how: str, rng: random.Random) -> str:
-    """Damage a checkpoint folder: truncate its trainer.pt to 1000 bytes, flip one bit of a random file, or delete a
-    random file; returns the file damaged (relative to the folder)."""
+    """Damage a checkpoint folder: truncate its trainer.pt to 1000 bytes, flip one random bit of it (each byte as
+    likely: mostly the weights or the optimiser state), or delete a random file; returns the file damaged (relative
+    to the folder)."""
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
-    name = "trainer.pt" if how == "truncated" else rng.choice(files)
+    if how == "truncated":
+        name = "trainer.pt"
+    elif how == "bit-flipped":
+        name = rng.choices(files, weights=[(folder / f).stat().st_size for f in files])[0]
+    else:
+        name = rng.choice(files)
     path = folder / name
     if how == "truncated":
         os.truncate(path, 1000)
@@ -199,7 +205,7 @@ def damage_checkpoint(folder: Path, how: str, rng: random.Random) -> str:
 
 
 def store_check(store: Path, *extra: str) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-m", "fastrl_core.cli", "store", "check", str(store), *extra], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "fastrl_app.cli", "store", "check", str(store), *extra], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     return done.returncode, done.stdout
 

@@ -185,8 +185,8 @@ def test_every_bad_input_of_the_probe_is_one_line_with_exit_2(tmp_path):
         (str(twice),): f"fastrl: error: {twice}: line 3: key 'lr' is given twice (first on line 2); give it once",
         (str(empty),): f"fastrl: error: {empty}: the file is empty (no config keys); give at least one key, or no "
                        "config file for the defaults",
-        (str(tmp_path),): f"fastrl: error: config file '{tmp_path}' is a folder; give a YAML file (e.g. "
-                          "configs/embedded.yaml)",
+        (str(tmp_path),): f"fastrl: error: config file '{tmp_path}' is a folder; give a YAML file or a shipped "
+                          "config's name (demo, embedded, paper)",
         ("steps=1000000000000000",): "fastrl: error: command line: steps=1000000000000000 is out of range: it must "
                                      "be >= 1 and <= 10,000,000",
         (f"dataset={one}", "prompts_per_step=4"): f"fastrl: error: dataset '{one}' split 'train': 1 usable problems, "
@@ -202,7 +202,7 @@ def test_every_bad_input_of_the_probe_is_one_line_with_exit_2(tmp_path):
 def test_a_run_name_that_changes_in_the_run_id_says_what_it_became(tmp_path):
     name, kept = "Ünïcødé-运行", "n-c-d"
     assert [store.layout.run_id_base(n) for n in ("a/b", "..", "ok_name-1.2")] == ["a-b", "run", "ok_name-1.2"]
-    done = _cli("train", "configs/embedded.yaml", f"run_name={name}", f"store_dir={tmp_path}", "steps=1",
+    done = _cli("train", "embedded", f"run_name={name}", f"store_dir={tmp_path}", "steps=1",
                 "eval_every=0", "checkpoint_every=0", "prompts_per_step=2", "rollouts_per_prompt=2",
                 "synthetic_train=8", "synthetic_test=4", "threads=1")
     assert done.returncode == 0, done.stderr

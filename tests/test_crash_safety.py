@@ -388,7 +388,7 @@ def _copy(stopped, tmp_path) -> tuple[Path, str]:
 
 
 def _train_cli(store: Path, *args: str, **overrides) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastrl_core.cli", "train", str(REPO / "configs" / "embedded.yaml"),
+    return subprocess.run([sys.executable, "-m", "fastrl_app.cli", "train", "embedded",
                            *_overrides(store, checkpoint_every=1, **overrides), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -402,7 +402,7 @@ def _messages(err: str) -> list[str]:
 def test_a_resume_with_changed_overrides_is_refused_in_one_line_naming_the_keys(stopped, tmp_path, capsys):
     store, run_id = _copy(stopped, tmp_path)
     before = (layout.run_dir(store, run_id) / "run.json").read_text()
-    argv = ["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1), "lr=1e-3",
+    argv = ["train", "embedded", *_overrides(store, checkpoint_every=1), "lr=1e-3",
             "pruner=none", "--resume", run_id]
     assert _error_line(capsys, argv) == (
         f"fastrl: error: --resume {run_id}: lr (0.0002 -> 0.001), pruner ('fastrl' -> 'none') differ from the run's "
@@ -426,7 +426,7 @@ def test_what_defines_a_run_cannot_change_on_resume_even_when_allowed(stopped, t
     from fastrl_core.resume import FIXED_ON_RESUME
 
     store, run_id = _copy(stopped, tmp_path)
-    argv = ["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1), override,
+    argv = ["train", "embedded", *_overrides(store, checkpoint_every=1), override,
             "--resume", run_id]
     assert _error_line(capsys, argv) == (
         f"fastrl: error: --resume {run_id}: {key} ({old} -> {new}: {FIXED_ON_RESUME[key]}) cannot change when a run "
@@ -438,7 +438,7 @@ def test_what_defines_a_run_cannot_change_on_resume_even_when_allowed(stopped, t
 
 def test_allow_change_is_checked(stopped, tmp_path, capsys):
     store, run_id = _copy(stopped, tmp_path)
-    base = ["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1)]
+    base = ["train", "embedded", *_overrides(store, checkpoint_every=1)]
     assert _error_line(capsys, [*base, "--allow-change", "lr"]) == (
         "fastrl: error: --allow-change needs --resume RUN_ID (it lets a resumed run's config change)")
     assert _error_line(capsys, [*base, "--resume", run_id, "--allow-change", "lrr"]).startswith(
@@ -448,7 +448,7 @@ def test_allow_change_is_checked(stopped, tmp_path, capsys):
 def test_an_allowed_change_is_trained_with_and_recorded_from_the_step_it_applies_to(stopped, tmp_path, capsys,
                                                                                     caplog):
     store, run_id = _copy(stopped, tmp_path)
-    assert cli_main(["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1),
+    assert cli_main(["train", "embedded", *_overrides(store, checkpoint_every=1),
                      "lr=1e-3", "pruner=none", "--resume", run_id, "--allow-change", "lr,pruner"]) == 0
     assert f"run {run_id}: lr 0.0002 -> 0.001 from step 3 on (allowed; in the run's config history)" in caplog.text
     meta = layout.read_run_json(store, run_id)
@@ -457,7 +457,7 @@ def test_an_allowed_change_is_trained_with_and_recorded_from_the_step_it_applies
     assert (entry["step"], entry["changes"]) == (3, {"lr": {"from": 2e-4, "to": 1e-3},
                                                      "pruner": {"from": "fastrl", "to": "none"}})
     steps = read_steps(store, run_id)
-    warmup = load_config(REPO / "configs" / "embedded.yaml").warmup_steps
+    warmup = load_config("embedded").warmup_steps
     assert steps["lr"].tolist() == pytest.approx([2e-4 * min(1, (s + 1) / warmup) for s in range(3)]
                                                  + [1e-3 * min(1, 4 / warmup)])  # the new lr from step 3 on
     kept = read_rollouts(store, run_id, step=3)
@@ -465,13 +465,13 @@ def test_an_allowed_change_is_trained_with_and_recorded_from_the_step_it_applies
     assert json.loads(read_runs(store).iloc[0]["config_history"]) == meta["config_history"]
     capsys.readouterr()
     # the next resume is under the record as it is now: the same command line is no change
-    assert cli_main(["train", str(REPO / "configs" / "embedded.yaml"), *_overrides(store, checkpoint_every=1),
+    assert cli_main(["train", "embedded", *_overrides(store, checkpoint_every=1),
                      "lr=1e-3", "pruner=none", "--resume", run_id]) == 0
 
 
 def test_a_resume_needs_only_the_store_its_config_comes_from_the_record(stopped, tmp_path):
     store, run_id = _copy(stopped, tmp_path)
-    done = subprocess.run([sys.executable, "-m", "fastrl_core.cli", "train", f"store_dir={store}", "--resume", run_id],
+    done = subprocess.run([sys.executable, "-m", "fastrl_app.cli", "train", f"store_dir={store}", "--resume", run_id],
                           cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr

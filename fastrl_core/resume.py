@@ -103,8 +103,8 @@ def allowed_changes(config: TrainConfig, run_id: str, allow: Iterable[str] = ())
     refused = {key: change for key, change in changes.items() if key not in allow}
     if refused:
         keys = ",".join(refused)
-        raise ConfigError(f"--resume {run_id}: {_listed(refused)} {'differs' if len(refused) == 1 else 'differ'} "
-                          "from the run's record; a resume continues "
-                          f"the run under its own config: drop these overrides, or change them from the step it "
+        differ = "differs" if len(refused) == 1 else "differ"
+        raise ConfigError(f"--resume {run_id}: {_listed(refused)} {differ} from the run's record; a resume continues "
+                          "the run under its own config: drop these overrides, or change them from the step it "
                           f"resumes at with --allow-change {keys}")
     return changes

@@ -14,7 +14,7 @@ from fastrl_core.run_setup import load_datasets
 
 @pytest.fixture(scope="module")
 def setup():
-    config = load_config("embedded", ["synthetic_train=8", "synthetic_test=10"])
+    config = load_config("embedded", ["synthetic_train=8", "synthetic_test=10", "prompts_per_step=8"])
     policy = load_policy("embedded")
     engine = HFEngine(policy, template=config.template, max_new_tokens=8, temperature=1.0)
     return config, policy, engine, load_datasets(config)[1][:10]

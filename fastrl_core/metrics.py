@@ -29,7 +29,8 @@ Against the baseline of its objective (plain GRPO: pruner `none`, budget `fixed`
 
 Over the steps of all runs of one bench (one model, one machine): `phase_costs` fits each phase's seconds per step
 as fixed + per_rollout * count, the count being what the phase scales with (`COST_COUNTS`); the fixed part is what
-no pruning or budget can remove.
+no pruning or budget can remove. `phase_shares` gives a step's profile (generation, log-prob passes, update) to set
+beside the paper's (`PAPER_STEP_SECONDS`, its Table 8).
 
 Over seeds: means with a 95 % Student-t interval (`mean_ci`; scipy.stats.t). Speed-ups are ratios of paired runs,
 so their interval is taken on the log ratio of each seed's pair (`ratio_ci`): the geometric mean
@@ -446,12 +447,39 @@ def step_ceilings(costs: pd.DataFrame, step_seconds: float, sampled: float, kept
     """What the `phase_costs` lines allow against a baseline step of `step_seconds` with `sampled` rollouts
     generated and `kept` rows passed: (the step speed-up if no row were kept at all, every kept row's log-prob and
     update seconds gone and generation unchanged; the rollouts per step left to sample when no row is kept and the
-    step is `target`× faster, negative where even sampling none would not get there). NaNs without fitted lines."""
+    step is `target`× faster, negative where even sampling none would not get there). The first needs only the
+    log-prob and update lines; the second also a generation line that rises with the rollouts sampled (on vLLM with
+    a sketch only some methods pay for, it may not). NaN where a line it needs is missing."""
     per = costs.set_index("phase")["per_rollout"]
     per_kept = sum(float(per[phase]) for phase, count in COST_COUNTS.items() if count == "rollouts_kept")
     per_sampled = sum(float(per[phase]) for phase, count in COST_COUNTS.items() if count == "rollouts_sampled")
     nothing_kept = step_seconds - per_kept * kept
-    if not (math.isfinite(nothing_kept) and math.isfinite(per_sampled) and nothing_kept > 0 and per_sampled > 0):
+    if not (math.isfinite(nothing_kept) and nothing_kept > 0):
         return math.nan, math.nan
-    return step_seconds / nothing_kept, sampled - (nothing_kept - step_seconds / target) / per_sampled
+    left = sampled - (nothing_kept - step_seconds / target) / per_sampled \
+        if math.isfinite(per_sampled) and per_sampled > 0 else math.nan
+    return step_seconds / nothing_kept, left
+
+
+# The paper's Table 8 (Geometry3K, Qwen2.5-VL-7B on 4 GPUs; NOTES §6): seconds of one training step per phase, its
+# old log-prob (55 / 21 s) and reference (70 / 27 s) passes summed as the trainer's one `logprob` phase. The table
+# gives only these phases. Every report that sets our step profile beside the paper's reads them from here.
+PAPER_STEP_SECONDS = {"grpo": {"generate": 87.0, "logprob": 55.0 + 70.0, "update": 319.0},
+                      "fastrl": {"generate": 80.0, "logprob": 21.0 + 27.0, "update": 121.0}}
+SHARE_PHASES = ("generate", "logprob", "update")  # a step's parts in `phase_shares`; the other PHASES are "other"
+
+
+def phase_shares(seconds: dict[str, float]) -> dict[str, float]:
+    """A step's profile from its seconds per phase (`PHASES` names; absent or NaN = 0): each of `SHARE_PHASES`'
+    share of the step and "other" (the remaining phases), "step" (the seconds in all), and "ceiling", the step
+    speed-up if the passes after generation (log-prob and update) cost nothing: step / (step − logprob − update)."""
+    value = {p: float(seconds.get(p, 0.0)) for p in PHASES}
+    value = {p: v if math.isfinite(v) else 0.0 for p, v in value.items()}
+    step = sum(value.values())
+    if not step > 0:
+        return {**dict.fromkeys([*SHARE_PHASES, "other"], math.nan), "step": step, "ceiling": math.nan}
+    shares = {p: value[p] / step for p in SHARE_PHASES}
+    rest = step - value["logprob"] - value["update"]
+    return {**shares, "other": 1.0 - sum(shares.values()), "step": step,
+            "ceiling": step / rest if rest > 0 else math.inf}
 

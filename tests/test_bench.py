@@ -201,6 +201,22 @@ def test_every_method_loads_on_the_paper_config(method, tmp_path):
             assert str(getattr(config, key)).lower() == value.lower(), override
 
 
+WIDE_METHODS = ("grpo", "grpo_unmerged", "cppo", "fastrl_paper", "fastrl")  # configs/paper-wide.yaml's bench
+
+
+@pytest.mark.parametrize("method", WIDE_METHODS)
+def test_the_wide_regimes_methods_load_on_vllm_with_the_logprob_sketch(method, tmp_path):
+    """configs/paper-wide.yaml under each method its header names: vLLM, 2 threads, the named wide warm start (not
+    built by loading), and the sketch at top-20 where the pruner reads one."""
+    config = bench.method_config(bench.DEFAULT_CONFIG.parent / "paper-wide.yaml", method, 0, str(tmp_path), [])
+    assert (config.engine, config.threads, config.model, config.sketch_top_k) == ("vllm", 2, "embedded-wide", 20)
+    assert (config.objective_args, config.updates_per_step, config.eval_samples) == ({"beta": 0.01}, 4, 4)
+    assert config.synthetic_kinds == ["count_dots", "longest_segment"] and config.synthetic_train == 128
+    assert config.recompute_old_logprobs  # vLLM's numerics: the old log-prob pass runs on kept rows
+    text = (bench.DEFAULT_CONFIG.parent / "paper-wide.yaml").read_text()
+    assert f"--methods {','.join(WIDE_METHODS)}" in text
+
+
 def test_cost_table_states_the_ceilings_of_grpo_steps():
     """Exact lines (generate 0.1 s + 4 ms per sampled, logprob 2 ms and update 0.1 s + 3 ms per kept) and GRPO's
     1 s steps of 128 sampled and 40 kept: keeping no row would step 1.25× faster; a 2.5× step samples 28."""
@@ -214,6 +230,36 @@ def test_cost_table_states_the_ceilings_of_grpo_steps():
     text, _ = bench.cost_table(steps, per_run)
     assert "a pruner that kept no row at all would step 1.25× faster" in text
     assert "sampling at most 28 of the 128 rollouts (-78%)" in text
+
+
+def test_cost_table_gives_the_ceiling_when_generation_does_not_rise_with_the_rollouts():
+    """On vLLM only FastRL pays for its sketch, so generation may not rise with the rollouts sampled: the ceiling
+    (from the log-prob and update lines alone) is still printed, the rollouts left to sample are not."""
+    import pandas as pd
+
+    sampled, kept = np.array([128, 128, 96, 64]), np.array([40, 40, 30, 20])
+    steps = pd.DataFrame({"run_id": ["g", "g", "f", "f"], "rollouts_sampled": sampled, "rollouts_kept": kept,
+                          "time_generate": [0.6, 0.6, 0.7, 0.8], "time_logprob": 0.002 * kept,
+                          "time_update": 0.1 + 0.003 * kept})
+    per_run = pd.DataFrame({"run_id": ["g", "f"], "method": ["grpo", "fastrl"], "seconds_per_step": [1.0, 0.8]})
+    text, _ = bench.cost_table(steps, per_run)
+    assert "Phase-line ceiling: against GRPO's mean step (1.000 s), a pruner that kept no row at all would step " \
+           "1.25× faster" in text
+    assert "a generation line that rises with the rollouts sampled, which these steps do not give" in text
+
+
+def test_share_table_sets_each_methods_step_beside_the_papers():
+    import pandas as pd
+
+    row = {f"{clock}_{p}_mean": 0.0 for p in bench.PHASES for clock in ("time", "cpu")}
+    summary = pd.DataFrame([{**row, "method": "grpo", "time_generate_mean": 0.5, "time_logprob_mean": 0.5,
+                             "time_update_mean": 1.0, "cpu_generate_mean": 1.0, "cpu_logprob_mean": 1.0,
+                             "cpu_update_mean": 2.0}])
+    lines = bench.share_table(summary).splitlines()
+    assert lines[2] == "| paper's grpo (Table 8: Qwen2.5-VL-7B, 4 GPUs) | wall | 16 % | 24 % | 60 % | — | 531 | 6.10× |"
+    assert lines[3].startswith("| paper's fastrl (Table 8")
+    assert lines[4] == "| grpo | wall | 25 % | 25 % | 50 % | 0 % | 2.000 | 4.00× |"
+    assert lines[5] == "| grpo | CPU | 25 % | 25 % | 50 % | 0 % | 4.000 | 4.00× |"
 
 
 def test_every_recipe_loads_and_is_used_by_the_docs_or_a_test(tmp_path):

@@ -228,8 +228,29 @@ def test_step_ceilings_by_hand():
     ceiling, left = metrics.step_ceilings(costs, 1.0, sampled=128, kept=40)
     assert ceiling == pytest.approx(1.25) and left == pytest.approx(28)
     assert metrics.step_ceilings(costs, 1.0, sampled=128, kept=40, target=10.0)[1] == pytest.approx(-47)
-    unfitted = costs.assign(per_rollout=[math.nan, 0.002, 0.003])
+    # the ceiling needs only the log-prob and update lines: a generation line that does not rise with the rollouts
+    # sampled (vLLM, where only FastRL pays for its sketch) leaves it standing and only the rollouts left unknown
+    for generation in (math.nan, -0.001):
+        ceiling, left = metrics.step_ceilings(costs.assign(per_rollout=[generation, 0.002, 0.003]), 1.0, 128, 40)
+        assert ceiling == pytest.approx(1.25) and math.isnan(left)
+    unfitted = costs.assign(per_rollout=[0.004, math.nan, 0.003])
     assert all(math.isnan(v) for v in metrics.step_ceilings(unfitted, 1.0, sampled=128, kept=40))
+
+
+def test_phase_shares_by_hand_and_the_papers_profile():
+    """A 2 s step: generate 0.5, logprob 0.3, update 1.0, the rest 0.2 (reward 0.1, store 0.1, sketch NaN = 0): free
+    passes after generation would leave 0.7 s, 2.86x; the paper's Table 8 GRPO step is 16 / 24 / 60 % with a 6.1x
+    ceiling (531 s of which 87 s generation)."""
+    shares = metrics.phase_shares({"generate": 0.5, "logprob": 0.3, "update": 1.0, "reward": 0.1, "store": 0.1,
+                                   "sketch": math.nan})
+    assert shares["generate"] == pytest.approx(0.25) and shares["logprob"] == pytest.approx(0.15)
+    assert shares["update"] == pytest.approx(0.5) and shares["other"] == pytest.approx(0.1)
+    assert shares["step"] == pytest.approx(2.0) and shares["ceiling"] == pytest.approx(2.0 / 0.7)
+    paper = metrics.phase_shares(metrics.PAPER_STEP_SECONDS["grpo"])
+    assert paper["step"] == 531 and paper["generate"] == pytest.approx(0.164, abs=1e-3)
+    assert paper["logprob"] == pytest.approx(0.235, abs=1e-3) and paper["update"] == pytest.approx(0.601, abs=1e-3)
+    assert paper["other"] == pytest.approx(0.0, abs=1e-12) and paper["ceiling"] == pytest.approx(531 / 87)
+    assert math.isnan(metrics.phase_shares({})["generate"])
 
 
 def test_phase_costs_r2_of_a_noisy_line():

@@ -251,26 +251,27 @@ def cost_table(steps, per_run) -> tuple[str, list[dict]]:
     grpo = steps[steps["run_id"].isin(per_run.loc[per_run["method"] == "grpo", "run_id"])]
     kept_lines = costs[costs["count"] == "rollouts_kept"]
     if len(grpo) and kept_lines["fixed"].notna().all():
-        lines.append("")
+        text = []
         if costs["fixed"].notna().all():
             fixed = costs["fixed"].sum()
             fitted = fixed + sum(c["per_rollout"] * grpo[c["count"]].mean() for _, c in costs.iterrows())
-            lines[-1] = (f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
-                         f"({grpo['rollouts_sampled'].mean():.0f} sampled, {grpo['rollouts_kept'].mean():.0f} kept "
-                         f"per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three "
-                         f"phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this model and "
-                         "machine.")
+            text.append(f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
+                        f"({grpo['rollouts_sampled'].mean():.0f} sampled, {grpo['rollouts_kept'].mean():.0f} kept "
+                        f"per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three "
+                        f"phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this model and "
+                        "machine.")
         step = per_run.loc[per_run["method"] == "grpo", "seconds_per_step"].mean()
         sampled = grpo["rollouts_sampled"].mean()
         ceiling, left = metrics.step_ceilings(costs, step, sampled, grpo["rollouts_kept"].mean())
         if math.isfinite(ceiling):
-            lines[-1] += (f" Phase-line ceiling: against GRPO's mean step ({step:.3f} s), a pruner that kept no row "
-                          f"at all would step {ceiling:.2f}× faster; a 2.5× step would also need "
-                          + ("a generation line that rises with the rollouts sampled, which these steps do not give "
-                             "(say, a sketch that only some methods pay for)." if not math.isfinite(left) else
-                             f"sampling at most {left:.0f} of the {sampled:.0f} rollouts ({left / sampled - 1:+.0%})."
-                             if left > 0 else "sampling none: out of reach on these lines."))
-            lines[-1] = lines[-1].lstrip()
+            text.append(f"Phase-line ceiling: against GRPO's mean step ({step:.3f} s), a pruner that kept no row "
+                        f"at all would step {ceiling:.2f}× faster; a 2.5× step would also need "
+                        + ("a generation line that rises with the rollouts sampled, which these steps do not give "
+                           "(say, a sketch that only some methods pay for)." if not math.isfinite(left) else
+                           f"sampling at most {left:.0f} of the {sampled:.0f} rollouts ({left / sampled - 1:+.0%})."
+                           if left > 0 else "sampling none: out of reach on these lines."))
+        if text:
+            lines += ["", " ".join(text)]
     return "\n".join(lines), _records(costs)
 
 

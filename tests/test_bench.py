@@ -201,19 +201,21 @@ def test_every_method_loads_on_the_paper_config(method, tmp_path):
             assert str(getattr(config, key)).lower() == value.lower(), override
 
 
-WIDE_METHODS = ("grpo", "grpo_unmerged", "cppo", "fastrl_paper", "fastrl")  # configs/paper-wide.yaml's bench
+WIDE_METHODS = ("grpo", "grpo_unmerged", "cppo", "fastrl_paper", "fastrl")  # paper-wide.yaml's bench
 
 
 @pytest.mark.parametrize("method", WIDE_METHODS)
 def test_the_wide_regimes_methods_load_on_vllm_with_the_logprob_sketch(method, tmp_path):
     """configs/paper-wide.yaml under each method its header names: vLLM, 2 threads, the named wide warm start (not
     built by loading), and the sketch at top-20 where the pruner reads one."""
-    config = bench.method_config(bench.DEFAULT_CONFIG.parent / "paper-wide.yaml", method, 0, str(tmp_path), [])
+    from fastrl_core.shipped import config_path
+
+    config = bench.method_config("paper-wide", method, 0, str(tmp_path), [])
     assert (config.engine, config.threads, config.model, config.sketch_top_k) == ("vllm", 2, "embedded-wide", 20)
     assert (config.objective_args, config.updates_per_step, config.eval_samples) == ({"beta": 0.01}, 4, 4)
     assert config.synthetic_kinds == ["count_dots", "longest_segment"] and config.synthetic_train == 128
     assert config.recompute_old_logprobs  # vLLM's numerics: the old log-prob pass runs on kept rows
-    text = (bench.DEFAULT_CONFIG.parent / "paper-wide.yaml").read_text()
+    text = config_path("paper-wide").read_text()
     assert f"--methods {','.join(WIDE_METHODS)}" in text
 
 
@@ -243,6 +245,7 @@ def test_cost_table_gives_the_ceiling_when_generation_does_not_rise_with_the_rol
                           "time_update": 0.1 + 0.003 * kept})
     per_run = pd.DataFrame({"run_id": ["g", "f"], "method": ["grpo", "fastrl"], "seconds_per_step": [1.0, 0.8]})
     text, _ = bench.cost_table(steps, per_run)
+    assert "|\n\nLeast-squares lines" in text  # a paragraph of its own below the table
     assert "Phase-line ceiling: against GRPO's mean step (1.000 s), a pruner that kept no row at all would step " \
            "1.25× faster" in text
     assert "a generation line that rises with the rollouts sampled, which these steps do not give" in text

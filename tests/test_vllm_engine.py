@@ -554,3 +554,37 @@ def test_fastrl_train_engine_vllm_killed_and_resumed_through_the_cli(straight_ru
     assert steps["step"].tolist() == [0, 1, 2]
     assert steps["reward_mean"].tolist() == pytest.approx(
         read_steps(store, straight.writer.run_id)["reward_mean"].tolist())
+
+
+@needs_vllm
+def test_paper_wide_config_builds_its_named_warm_start_on_first_use_and_trains(vllm_engine, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """The shipped paper-wide config as written (vLLM, the logprob sketch at top-20, 2 threads, FastRL) on a small named
+    warm start: the first Trainer builds it into the user cache with one line saying so, trains on the shared LLM
+    (same architecture: tiny widths, the shipped tokenizer) and records every phase's seconds."""
+    from fastrl_core import named_models
+    from fastrl_core.run_config import load_config
+    from fastrl_core.store import read_evals, read_steps
+    from fastrl_core.trainer import Trainer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setitem(named_models.PRESETS, "ci", {
+        "widths": "tiny", "tokenizer": "embedded", "kinds": "count_dots,longest_segment", "n_train": 24, "n_test": 8,
+        "max_steps": 2, "eval_every": 1, "batch_size": 4, "band_low": 0.0, "band_high": 1.0, "min_format": 0.0,
+        "max_new_tokens": 4, "threads": 1})
+    config = load_config("paper-wide", [
+        "model=embedded-ci", "steps=2", "prompts_per_step=4", "rollouts_per_prompt=4", "max_new_tokens=16",
+        "synthetic_train=16", "synthetic_test=8", "eval_size=8", "eval_every=2", f"store_dir={tmp_path / 'store'}"])
+    assert (config.engine, config.sketch, config.sketch_top_k, config.threads, config.pruner) == (
+        "vllm", "logprob", 20, 2, "fastrl")
+    assert not (tmp_path / "cache").exists()  # loading the config builds nothing
+    try:
+        trainer = Trainer(config, progress=False, engine_factory=_shared_engine(vllm_engine))
+        assert "model embedded-ci is not in the cache yet: building it now" in capsys.readouterr().out
+        trainer.run()
+    finally:
+        vllm_engine.sync_weights(vllm_engine.policy.model)  # hand the shared LLM back with the fixture's weights
+    assert named_models.preset_dir("ci").is_dir()
+    steps = read_steps(config.store_dir, trainer.writer.run_id)
+    assert steps["step"].tolist() == [0, 1] and (steps["cpu_generate"] > 0).all() and (steps["time_update"] >= 0).all()
+    assert set(read_evals(config.store_dir, trainer.writer.run_id)["split"]) == {"test", "test-sampled"}

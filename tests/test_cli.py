@@ -99,7 +99,7 @@ def test_a_bad_dataset_row_or_a_missing_file_fails_in_one_line(tmp_path):
     line = _one_error_line(_cli("train", f"dataset={dataset}", f"store_dir={store_dir}", "prompts_per_step=4"))
     assert f"{dataset / 'problems.jsonl'}: row 3 (id {rows[3]['id']!r}): image" in line and "not found" in line
     assert not store_dir.exists()
-    assert "config file 'nope.yaml' not found (shipped configs, by name: demo, embedded, paper)" in _one_error_line(
+    assert "config file 'nope.yaml' not found (shipped configs, by name: demo, embedded, paper, paper-wide)" in _one_error_line(
         _cli("train", "nope.yaml"))
     line = _one_error_line(_cli("eval", "--dataset", str(dataset), "--template", "latex", "--store", str(store_dir)))
     assert "--template 'latex' is unknown; valid: math, r1v, short" in line

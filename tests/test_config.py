@@ -257,7 +257,7 @@ def test_every_default_and_every_shipped_config_passes_the_check():
         if bounds:
             assert in_bounds(getattr(TrainConfig(), f.name), bounds), f.name
     assert resolve_config(TrainConfig()) == load_config()
-    assert config_names() == ["demo", "embedded", "paper"]  # every YAML file but the recipes (test_bench loads each)
+    assert config_names() == ["demo", "embedded", "paper", "paper-wide"]  # every YAML file but the recipes (test_bench loads each)
     for name in config_names():
         assert load_config(name) == load_config(CONFIGS_DIR / f"{name}.yaml")  # by name or by path
 

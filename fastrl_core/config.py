@@ -184,8 +184,8 @@ class TrainConfig:
                                                  "rollouts; null/auto (default) = yes exactly when the rollout "
                                                  "engine's numerics differ from the trainer's (vllm), no for hf")
     # -- FastRL
-    sketch: str = option("lm_head", "gradient sketch (algo.sketches) for a pruner that reads one; which engine gives "
-                         "which: engines.resolve")
+    sketch: str = option("auto", "gradient sketch (algo.sketches) for a pruner that reads one; auto = the engine's "
+                         "own (lm_head on hf, logprob on vllm); which engine gives which: engines.resolve")
     sketch_dim: int = option(256, "gradient sketch dimension", bounds=">= 1")
     sketch_top_k: int = option(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the "
                                "sketch; 0 = the whole vocabulary (exact, and cheapest for small vocabularies; HF "
@@ -229,7 +229,7 @@ def choices() -> dict[str, list[str]]:
     from fastrl_core.engines.resolve import AUTO, ENGINES
 
     return {"objective": POLICY_LOSSES.names(), "advantage": ADVANTAGES.names(), "pruner": PRUNERS.names(),
-            "budget": BUDGETS.names(), "sketch": SKETCHES.names(), "engine": [*sorted(ENGINES), AUTO],
+            "budget": BUDGETS.names(), "sketch": [*SKETCHES.names(), AUTO], "engine": [*sorted(ENGINES), AUTO],
             "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names(),
             "minibatch_grouping": list(GROUPINGS)}
 

@@ -187,7 +187,8 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
     `recompute_old_logprobs` auto decided, the sketch kind); raises ConfigError naming the key, the bad value and
     the valid ones. Touches no model, dataset or store. `sources` maps keys to where they were set (a file name or
     "command line"), for the message. Idempotent: resolve_config(resolve_config(c)) == resolve_config(c)."""
-    from fastrl_core.engines.resolve import ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs, resolve_sketch
+    from fastrl_core.engines.resolve import (AUTO, ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs,
+                                             resolve_sketch, sketch_name)
 
     sources = sources or {}
 
@@ -216,8 +217,9 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
 
     import torch
 
-    if config.engine == "auto":  # resolved here, once: one line says which engine and why
+    if config.engine == AUTO:  # resolved here, once: one line says which engine and why
         config = dataclasses.replace(config, engine=_choose_engine(config))
+    config = dataclasses.replace(config, sketch=sketch_name(config.engine, config.sketch))  # the record names it
     try:
         device = torch.device(config.device)
     except (RuntimeError, TypeError):

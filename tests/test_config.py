@@ -296,7 +296,10 @@ def test_a_config_built_in_code_is_checked_too():
     (["engine=vllm", "device=cuda", "sketch=logprob", "sketch_top_k=20"], "vllm", "logprob", True),
     (["engine=vllm", "device=cuda", "sketch=logprob", "sketch_top_k=20", "recompute_old_logprobs=false"], "vllm",
      "logprob", False),
-    (["engine=auto"], "hf", "lm_head", False),  # lm_head only HF gives
+    (["engine=auto"], "hf", "lm_head", False),  # hidden 128: HF; sketch=auto is the engine's own, lm_head
+    (["engine=vllm", "sketch_top_k=20"], "vllm", "logprob", True),  # sketch=auto on vLLM: its top-K log-probs
+    (["engine=auto", "model=embedded-wide", "sketch_top_k=20"], "vllm", "logprob", True),  # hidden 512: vLLM
+    (["engine=auto", "model=embedded-wide", "sketch=lm_head"], "hf", "lm_head", False),  # a named sketch decides
 ])
 def test_loading_resolves_the_run_once(overrides, engine, kind, recompute):
     """What the options leave open is decided at load, in the RunConfig the trainer takes as it is."""
@@ -305,6 +308,7 @@ def test_loading_resolves_the_run_once(overrides, engine, kind, recompute):
     assert (config.engine, config.sketch_kind, config.recompute_old_logprobs) == (engine, kind, recompute)
     assert config.options() == dataclasses.asdict(TrainConfig(**config.options()))  # the store records options only
     assert "sketch_kind" not in config.options()
+    assert config.sketch != "auto" and config.engine != "auto"  # the store records what ran
 
 
 def test_the_trainer_takes_a_resolved_config_only():

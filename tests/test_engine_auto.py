@@ -12,6 +12,9 @@ def test_the_sketch_a_pruner_reads_decides_first():
     assert choose_engine("cuda", "lm_head", "fastrl", vllm_importable=True)[0] == "hf"  # hidden states
     assert choose_engine("cpu", "logprob", "fastrl", vllm_importable=True)[0] == "vllm"  # top-K log-probs
     assert choose_engine("cuda", "lm_head", "none", vllm_importable=True)[0] == "vllm"  # GRPO reads no sketch
+    assert choose_engine("cuda", "auto", "fastrl", vllm_importable=True)[0] == "vllm"  # both give sketch=auto
+    assert choose_engine("cpu", "auto", "fastrl", vllm_importable=True, hidden_size=128, vocab_size=482)[0] == "hf"
+    assert choose_engine("cpu", "auto", "fastrl", vllm_importable=True, hidden_size=512, vocab_size=482)[0] == "vllm"
 
 
 def test_without_vllm_hf_and_on_a_gpu_vllm():
@@ -43,8 +46,11 @@ def test_hidden_size_is_read_from_the_checkpoint_config_without_weights(tmp_path
 
 
 def test_the_config_check_resolves_auto_once_and_says_so(capsys):
-    config = load_config("embedded", ["engine=auto"])  # fastrl reads lm_head: hf
-    assert config.engine == "hf"
+    config = load_config("embedded", ["engine=auto"])  # sketch=auto: the width decides
+    assert (config.engine, config.sketch) == ("hf", "lm_head")
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "engine=auto -> hf: on cpu the HF engine is faster at this size (hidden size 128 < 512; engines.resolve)"]
+    assert load_config("embedded", ["engine=auto", "sketch=lm_head"]).engine == "hf"  # fastrl reads lm_head: hf
     assert capsys.readouterr().err.strip().splitlines() == [
         "engine=auto -> hf: pruner 'fastrl' reads sketch='lm_head', which vLLM cannot give (it returns no hidden "
         "states)"]

@@ -2,12 +2,14 @@
 
 Pure: imports neither transformers nor vLLM, so the config check (`fastrl_core.run_config`) runs before any model loads.
 
-| engine | sketches it can give   | log-probs it returns                        | old log-probs recomputed by default |
-|--------|------------------------|---------------------------------------------|-------------------------------------|
-| hf     | lm_head, tokens        | the trainer's own forward (match to ~1e-6)  | no                                  |
-| vllm   | logprob, tokens        | top-K only, from vLLM's kernels             | yes (README step 7)                 |
+| engine | sketches it can give   | `sketch=auto` | log-probs it returns                       | old log-probs recomputed |
+|--------|------------------------|---------------|--------------------------------------------|--------------------------|
+| hf     | lm_head, tokens        | lm_head       | the trainer's own forward (match to ~1e-6) | no                       |
+| vllm   | logprob, tokens        | logprob       | top-K only, from vLLM's kernels            | yes (README step 7)      |
 
-`engine=auto` picks one per run (`choose_engine`, one log line naming the choice and why).
+`engine=auto` picks one per run (`choose_engine`, one log line naming the choice and why). `sketch=auto` (the
+default) is the engine's own gradient sketch: `lm_head` and `logprob` agree to 0.001 in cosine to the full update
+(docs/results.md, "Sketches"), so with it the engine is chosen for speed alone.
 
 `lm_head` needs the last hidden states, which vLLM does not return; `logprob` needs top-K log-probs, which the HF
 engine does not collect (it has the logits and hidden states, i.e. the richer `lm_head` sketch). `tokens` is
@@ -24,16 +26,17 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EngineSpec:
     sketches: frozenset[str]  # sketch kinds the engine can produce (fastrl_core.algo.sketches.SKETCHES names)
+    gradient_sketch: str  # what `sketch=auto` means on it: its projected output-layer gradient sketch
     same_numerics: bool  # its behaviour log-probs equal the trainer's forward, so the old pass can be skipped
     needs_top_k: bool  # its sketches need sketch_top_k >= 1 (it cannot return the whole vocabulary's log-probs)
     devices: tuple[str, ...] | None  # torch device types the trainer's policy may be on (None: any)
 
 
 ENGINES: dict[str, EngineSpec] = {
-    "hf": EngineSpec(frozenset({"lm_head", "tokens"}), same_numerics=True, needs_top_k=False, devices=None),
-    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), same_numerics=False, needs_top_k=True, devices=("cpu", "cuda")),
+    "hf": EngineSpec(frozenset({"lm_head", "tokens"}), "lm_head", same_numerics=True, needs_top_k=False, devices=None),
+    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), "logprob", same_numerics=False, needs_top_k=True, devices=("cpu", "cuda")),
 }
-AUTO = "auto"  # config value: choose_engine decides
+AUTO = "auto"  # config value of engine (choose_engine decides) and of sketch (the engine's gradient_sketch)
 # Where `auto` takes vLLM on CPU: text hidden size >= CPU_VLLM_MIN_HIDDEN and vocabulary <= CPU_VLLM_MAX_VOCAB.
 # benchmarks/bench_engines.py, quiet 2-core machine, 2026-12-06, 16 x 8 rollouts, generate s HF / vLLM without a
 # sketch: hidden 128 (482-token vocabulary) 0.27 / 0.26, 512 1.78 / 1.14, 1024 7.05 / 2.77; 3B widths with the
@@ -80,6 +83,11 @@ def resolve_sketch(engine: str, sketch: str, sketch_top_k: int, pruner: str) -> 
     return sketch
 
 
+def sketch_name(engine: str, sketch: str) -> str:
+    """`sketch` as the run computes it on `engine`: itself, or for `auto` the engine's own gradient sketch."""
+    return engine_spec(engine).gradient_sketch if sketch == AUTO else sketch
+
+
 def resolve_recompute_old_logprobs(engine: str, value: bool | None) -> bool:
     """`recompute_old_logprobs`: as given, or (None = auto) True exactly when the engine's numerics differ from the
     trainer's forward (vLLM), as the old-log-prob pass of README step 7 assumes."""
@@ -88,8 +96,9 @@ def resolve_recompute_old_logprobs(engine: str, value: bool | None) -> bool:
 
 def choose_engine(device_type: str, sketch: str, pruner: str, *, vllm_importable: bool,
                   hidden_size: int | None = None, vocab_size: int | None = None) -> tuple[str, str]:
-    """(engine, reason) for `engine=auto`. The rule, in order, for a pruner that reads a sketch:
-    the engine that can give it (`logprob`: vllm, `lm_head`: hf, which has the hidden states); then:
+    """(engine, reason) for `engine=auto`. The rule, in order: for a pruner that reads a named sketch, the engine
+    that can give it (`logprob`: vllm, `lm_head`: hf, which has the hidden states; `sketch=auto` is given by both);
+    then:
     1. vLLM must import here, else hf;
     2. on CUDA: vllm (paged KV cache and CUDA graphs; what TRL, verl and EasyR1 sample with);
     3. on CPU: vllm when the model's text hidden size is at least `CPU_VLLM_MIN_HIDDEN` and its vocabulary at most
@@ -97,7 +106,7 @@ def choose_engine(device_type: str, sketch: str, pruner: str, *, vllm_importable
        vocabulary as large)."""
     from fastrl_core.algo.pruners import PRUNERS
 
-    reads_sketch = PRUNERS.get(pruner).reads_sketches
+    reads_sketch = PRUNERS.get(pruner).reads_sketches and sketch != AUTO
     if reads_sketch and sketch not in ENGINES["hf"].sketches:
         return "vllm", f"pruner {pruner!r} reads sketch={sketch!r}, which only vLLM gives"
     if reads_sketch and sketch not in ENGINES["vllm"].sketches:

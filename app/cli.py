@@ -67,6 +67,7 @@ def _eval(args: argparse.Namespace) -> int:
     check_model("--model", str(args.model))
     check_source("--dataset", args.dataset, "synthetic")
     from fastrl_core.evaluate import evaluate
+    from fastrl_core.named_models import model_path
     from fastrl_core.policy import load_policy
     from fastrl_core.store import RunWriter
 
@@ -77,7 +78,7 @@ def _eval(args: argparse.Namespace) -> int:
     else:
         problems = load_problems(args.dataset, split=args.split, limit=args.limit, skip_bad=args.skip_bad,
                                  allow_outside_paths=args.allow_outside_paths)
-    policy = load_policy(args.model)
+    policy = load_policy(model_path(str(args.model)))
     result = evaluate(policy, problems, template=args.template, batch_size=args.batch_size)
     writer = RunWriter(args.store, name=f"eval-{Path(str(args.model)).name}", config=vars(args), model=str(args.model),
                        dataset=args.dataset, objective="-", pruner="-", budget="-")
@@ -90,7 +91,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _warmstart(args: argparse.Namespace) -> int:
-    from fastrl_core.warmstart import main
+    from fastrl_core.named_models import main
 
     return main(args.rest) or 0
 

@@ -29,9 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastrl_core.shipped import EMBEDDED, EMBEDDED_MODEL
+from fastrl_core.shipped import NAMED_PREFIX as PREFIX
 from fastrl_core.shipped import model_path as shipped_model_path
-
-PREFIX = "embedded-"
 
 # Recipes of the warm starts built on first use (WarmstartArgs fields they change), and the build time measured for
 # each (BUILD_MINUTES), which the line printed before a build gives.
@@ -132,8 +131,51 @@ def text_config_value(preset: str, key: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def model_path(model: str) -> Path:
-    """What `load_policy` loads for `model`: the (built if need be) cache folder for `embedded-<preset>`, else
-    `shipped.model_path` (the shipped folder for `embedded`, any other name or path as given)."""
+def model_path(model: str) -> Path | str:
+    """What `policy.load_policy` loads for a config's `model`: the (built if need be) cache folder for
+    `embedded-<preset>`, else `model` itself (`embedded`, a hub name or a path)."""
     preset = preset_of(model)
-    return ensure_preset(preset) if preset else shipped_model_path(model)
+    return ensure_preset(preset) if preset else model
+
+
+def model_config_value(model: str, key: str = "hidden_size") -> int | None:
+    """The text hidden size (or another text-config `key`, e.g. "vocab_size") from a local checkpoint's
+    config.json ("embedded": the shipped warm start; "embedded-<preset>": its cache folder, or its recipe's widths
+    before it is built), without loading weights; None for a hub name (a config check downloads nothing) or a
+    config without one. What `engine=auto` reads (`engines.resolve.choose_engine`)."""
+    preset = preset_of(model)
+    root = preset_dir(preset) if preset else shipped_model_path(model)
+    if preset and not (root / "config.json").is_file():
+        return text_config_value(preset, key)
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") or config
+    size = text.get(key, config.get(key))
+    return int(size) if isinstance(size, int) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`fastrl warmstart`: `--preset NAME` builds a named recipe into the user cache (nothing when it is there
+    already; other flags change the recipe, and so its folder); without it, `fastrl_core.warmstart.main`."""
+    from fastrl_core.warmstart import parser as warmstart_parser
+    from fastrl_core.warmstart import WarmstartArgs, warmstart
+
+    parser = warmstart_parser()
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="build a named recipe (fastrl_core.named_models.PRESETS) into the user cache, where "
+                             "model=embedded-<preset> finds it; nothing is done when it is there already. Other flags "
+                             "change the recipe (and so its cache folder); --out and --data-dir are the cache's")
+    given = vars(parser.parse_args(argv))
+    preset = given.pop("preset")
+    if preset is None:
+        warmstart(WarmstartArgs(**given))
+        return 0
+    try:
+        built = (Path(preset_args(preset, **given).out) / "config.json").is_file()
+    except ValueError as error:
+        parser.error(str(error))
+    folder = ensure_preset(preset, **given)
+    print(f"{PREFIX}{preset}: " + ("already built, in " if built else "") + str(folder))
+    return 0

@@ -399,10 +399,9 @@ def _read_json(path: str | Path, name: str) -> dict | None:
 def load_policy(
     model: str | Path = "embedded", *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> Policy:
-    """The shipped warm start (`"embedded"`), a warm start built from a named recipe on first use
-    (`"embedded-wide"`: `fastrl_core.named_models`), or a hub name / local path of any image-text-to-text model."""
-    from fastrl_core.named_models import model_path
-
+    """The shipped warm start (`"embedded"`), or a hub name / local path of any image-text-to-text model. A named
+    warm start (`"embedded-wide"`) is loaded by its folder: `load_policy(named_models.model_path("embedded-wide"))`,
+    which builds it on first use."""
     path = model_path(str(model))
     if str(model) == EMBEDDED and not (path / "config.json").is_file():
         raise FileNotFoundError(f"no embedded checkpoint in {path}: run `python -m fastrl_core.warmstart`")

@@ -261,12 +261,13 @@ def _choose_engine(config: TrainConfig) -> str:
 
     import torch
 
-    from fastrl_core.engines.resolve import choose_engine, model_hidden_size
+    from fastrl_core.engines.resolve import choose_engine
+    from fastrl_core.named_models import model_config_value
 
     engine, reason = choose_engine(torch.device(config.device).type, config.sketch, config.pruner,
                                    vllm_importable=importlib.util.find_spec("vllm") is not None,
-                                   hidden_size=model_hidden_size(config.model),
-                                   vocab_size=model_hidden_size(config.model, "vocab_size"))
+                                   hidden_size=model_config_value(config.model),
+                                   vocab_size=model_config_value(config.model, "vocab_size"))
     print(f"engine=auto -> {engine}: {reason}", file=sys.stderr)
     return engine
 

@@ -26,6 +26,7 @@ CONFIGS_DIR = _path("configs")
 METHODS_FILE = CONFIGS_DIR / "methods.yaml"
 EMBEDDED_MODEL = _path("models", "embedded")
 EMBEDDED = "embedded"  # the `model` value that names EMBEDDED_MODEL
+NAMED_PREFIX = "embedded-"  # `embedded-<preset>`: a warm start built on first use (fastrl_core.named_models)
 
 
 def config_names() -> list[str]:
@@ -42,5 +43,9 @@ def config_path(config: str | Path) -> Path:
 
 
 def model_path(model: str) -> Path:
-    """`model` as a folder: `embedded` gives the shipped warm start, anything else is a path as given."""
+    """`model` as a folder: `embedded` gives the shipped warm start, anything else is a path as given. A named model
+    (`embedded-<preset>`) is not shipped: `fastrl_core.named_models.model_path` finds (or builds) its folder."""
+    if model.startswith(NAMED_PREFIX):
+        raise ValueError(f"{model!r} is a named model, built on first use: pass "
+                         f"fastrl_core.named_models.model_path({model!r}) (its folder, built if need be)")
     return EMBEDDED_MODEL if model == EMBEDDED else Path(model)

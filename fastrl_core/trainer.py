@@ -188,6 +188,7 @@ class Trainer:
     def _build(self, config: RunConfig, resume: str | None, changes: dict[str, tuple], lock: int | None,
                progress: bool, policy: Policy | None, engine_factory: EngineFactory | None) -> None:
         from fastrl_core.evaluate import evaluate_with
+        from fastrl_core.named_models import model_path
         from fastrl_core.policy import load_policy
 
         self.config, self.progress, self._evaluate = config, progress, evaluate_with
@@ -195,7 +196,7 @@ class Trainer:
         self.train_set, self.test_set = load_datasets(config)
         self.test_set = self.test_set[: config.eval_size]
         self.sampler = PromptSampler(len(self.train_set), config.prompts_per_step, config.seed)
-        self.policy = policy if policy is not None else load_policy(config.model, device=config.device)
+        self.policy = policy if policy is not None else load_policy(model_path(config.model), device=config.device)
         model = self.policy.model
         self.beta = float(config.objective_args.get("beta", 0.0))
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if self.beta > 0 else None

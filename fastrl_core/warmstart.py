@@ -1,7 +1,7 @@
 """Supervised warm start of the embedded tiny VLM: the checkpoint shipped in `fastrl_core/models/embedded/`.
 
     python -m fastrl_core.warmstart --out DIR        (also: fastrl warmstart --out DIR; default: the shipped folder)
-    fastrl warmstart --preset wide                   (a named recipe, built once into the user cache: named_models)
+    fastrl warmstart --preset wide                   (a named recipe, built once into the user cache: named_models.main)
 
 Real GRPO starts from an instruct model; a random-init tiny policy under GRPO learns the format and collapses to one
 answer (NOTES §2). So, deterministically by seed:
@@ -263,15 +263,10 @@ def warmstart(args: WarmstartArgs, *, progress: bool = True) -> dict:
     return metadata
 
 
-def _parser() -> argparse.ArgumentParser:
-    """Every WarmstartArgs field as a flag; flags not given stay out of the namespace (a preset fills them)."""
-    from fastrl_core.named_models import PRESETS
-
+def parser() -> argparse.ArgumentParser:
+    """Every WarmstartArgs field as a flag; flags not given stay out of the namespace (a preset fills them:
+    `fastrl_core.named_models.main` adds `--preset`)."""
     parser = argparse.ArgumentParser(prog="fastrl warmstart", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="build a named recipe (fastrl_core.named_models.PRESETS) into the user cache, where "
-                             "model=embedded-<preset> finds it; nothing is done when it is there already. Other flags "
-                             "change the recipe (and so its cache folder); --out and --data-dir are the cache's")
     for spec in fields(WarmstartArgs):
         parser.add_argument(f"--{spec.name.replace('_', '-')}", type=type(spec.default), default=argparse.SUPPRESS,
                             help=f"{spec.metadata['help']} (default: {spec.default})")
@@ -279,26 +274,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> WarmstartArgs:
-    given = vars(_parser().parse_args(argv))
-    given.pop("preset")
-    return WarmstartArgs(**given)
+    return WarmstartArgs(**vars(parser().parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    given = vars(parser.parse_args(argv))
-    preset = given.pop("preset")
-    if preset is None:
-        warmstart(WarmstartArgs(**given))
-        return 0
-    from fastrl_core.named_models import PREFIX, ensure_preset, preset_args
-
-    try:
-        built = (Path(preset_args(preset, **given).out) / "config.json").is_file()
-    except ValueError as error:
-        parser.error(str(error))
-    folder = ensure_preset(preset, **given)
-    print(f"{PREFIX}{preset}: " + ("already built, in " if built else "") + str(folder))
+    warmstart(parse_args(argv))
     return 0
 
 

@@ -864,7 +864,7 @@ def test_a_config_changed_on_resume_shows_on_the_runs_page_and_the_map_uses_the_
         {"run": writer.run_id, "from step": 4, "key": "lr", "before": "0.0002", "after": "0.001"}]
     assert "Config changes on resume" in [s.value for s in at.subheader]
     at = open_page(monkeypatch, tmp_path, "embeddings", run=writer.run_id)
-    assert 'changed on resume: pruner "fastrl" → "none" from step 4' in texts(at)
+    assert 'changed on resume: pruner `fastrl` → `none` from step 4' in texts(at)
     at.select_slider(key="map_steps").set_value((4, 7)).run()  # the steps after the change have no sketches
     (info,) = [i.value for i in at.info]
     assert "(pruner `none`)" in info and "fastrl" not in info  # the pruner in force there, not the first one

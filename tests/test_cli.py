@@ -186,7 +186,7 @@ def test_every_bad_input_of_the_probe_is_one_line_with_exit_2(tmp_path):
         (str(empty),): f"fastrl: error: {empty}: the file is empty (no config keys); give at least one key, or no "
                        "config file for the defaults",
         (str(tmp_path),): f"fastrl: error: config file '{tmp_path}' is a folder; give a YAML file or a shipped "
-                          "config's name (demo, embedded, paper)",
+                          "config's name (demo, embedded, paper, paper-wide)",
         ("steps=1000000000000000",): "fastrl: error: command line: steps=1000000000000000 is out of range: it must "
                                      "be >= 1 and <= 10,000,000",
         (f"dataset={one}", "prompts_per_step=4"): f"fastrl: error: dataset '{one}' split 'train': 1 usable problems, "

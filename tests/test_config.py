@@ -423,7 +423,7 @@ def test_dataset_skip_bad_reaches_the_training_loaders(tmp_path):
 
 
 def test_dataset_allow_outside_paths_reaches_the_training_loaders(tmp_path):
-    from fastrl_core.trainer import load_datasets
+    from fastrl_core.run_setup import load_datasets
 
     dataset = _dataset_with_a_bad_row(tmp_path / "data", absolute=True)
     with pytest.raises(DataError, match=r"train/problems\.jsonl: no usable problems: all 10 rows are bad, first: "
@@ -435,7 +435,7 @@ def test_dataset_allow_outside_paths_reaches_the_training_loaders(tmp_path):
 
 
 def test_too_few_problems_for_one_step_is_one_line(tmp_path):
-    from fastrl_core.trainer import load_datasets
+    from fastrl_core.run_setup import load_datasets
 
     one = tmp_path / "one"
     one.mkdir()

@@ -4,7 +4,8 @@ resolves it once, naming the choice in one line."""
 import pytest
 
 import fastrl_core.engines.resolve as resolve
-from fastrl_core.engines.resolve import choose_engine, model_hidden_size
+from fastrl_core.engines.resolve import choose_engine
+from fastrl_core.named_models import model_config_value
 from fastrl_core.run_config import load_config
 
 
@@ -38,11 +39,11 @@ def test_on_cpu_vllm_only_from_the_measured_width_and_vocabulary(monkeypatch):
 
 
 def test_hidden_size_is_read_from_the_checkpoint_config_without_weights(tmp_path):
-    assert model_hidden_size("embedded") == 128
-    assert model_hidden_size("embedded", "vocab_size") == 482
+    assert model_config_value("embedded") == 128
+    assert model_config_value("embedded", "vocab_size") == 482
     (tmp_path / "config.json").write_text('{"text_config": {"hidden_size": 2048}}')
-    assert model_hidden_size(str(tmp_path)) == 2048
-    assert model_hidden_size("Qwen/Qwen2.5-VL-3B-Instruct") is None  # a hub name: nothing downloaded
+    assert model_config_value(str(tmp_path)) == 2048
+    assert model_config_value("Qwen/Qwen2.5-VL-3B-Instruct") is None  # a hub name: nothing downloaded
 
 
 def test_the_config_check_resolves_auto_once_and_says_so(capsys):

@@ -108,10 +108,20 @@ def test_config_names_a_model_that_exists(tmp_path):
 
 
 def test_engine_choice_reads_the_presets_widths_before_it_is_built(cache):
-    from fastrl_core.engines.resolve import model_hidden_size
+    from fastrl_core.named_models import model_config_value
 
     assert not cache.exists()
     shipped_vocabulary = json.loads((EMBEDDED_MODEL / "config.json").read_text())["text_config"]["vocab_size"]
-    assert model_hidden_size("embedded-wide") == WIDE_WIDTHS.hidden_size == 512
-    assert model_hidden_size("embedded-wide", "vocab_size") == shipped_vocabulary
-    assert model_hidden_size("embedded") == 128
+    assert model_config_value("embedded-wide") == WIDE_WIDTHS.hidden_size == 512
+    assert model_config_value("embedded-wide", "vocab_size") == shipped_vocabulary
+    assert model_config_value("embedded") == 128
+
+
+def test_a_named_model_is_loaded_by_its_folder_never_as_a_path():
+    """`load_policy("embedded-wide")` would look for a folder of that name: it says where the folder comes from."""
+    from fastrl_core.shipped import model_path as shipped_model_path
+
+    with pytest.raises(ValueError, match=r"'embedded-wide' is a named model, built on first use: pass "
+                                         r"fastrl_core\.named_models\.model_path\('embedded-wide'\)"):
+        load_policy("embedded-wide")
+    assert shipped_model_path("embedded").is_dir() and named_models.model_path("Qwen/x") == "Qwen/x"

@@ -127,26 +127,3 @@ def choose_engine(device_type: str, sketch: str, pruner: str, *, vllm_importable
     else:
         why = f"vocabulary {vocab_size} > {CPU_VLLM_MAX_VOCAB} or unknown"
     return "hf", f"on {device_type} the HF engine is faster at this size ({why}; engines.resolve)"
-
-
-def model_hidden_size(model: str, key: str = "hidden_size") -> int | None:
-    """The text hidden size (or another text-config `key`, e.g. "vocab_size") from a local checkpoint's
-    config.json ("embedded": the shipped warm start; "embedded-<preset>": its cache folder, or its recipe's widths
-    before it is built), without loading weights; None for a hub name (a config check downloads nothing) or a
-    config without one."""
-    import json
-
-    from fastrl_core.named_models import preset_dir, preset_of, text_config_value
-    from fastrl_core.shipped import model_path
-
-    preset = preset_of(model)
-    root = preset_dir(preset) if preset else model_path(model)
-    if preset and not (root / "config.json").is_file():
-        return text_config_value(preset, key)
-    try:
-        config = json.loads((root / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    text = config.get("text_config") or config
-    size = text.get(key, config.get(key))
-    return int(size) if isinstance(size, int) else None

@@ -123,7 +123,8 @@ def run_caption(run: pd.Series, *, refreshing: bool = False) -> None:
     changes = analysis.config_changes(pd.DataFrame([run]))
     if len(changes):
         text += " · changed on resume: " + ", ".join(
-            f"{c['key']} {analysis.literal(c['before'])} → {analysis.literal(c['after'])} from step {c['from step']}"
+            f"{c['key']} {analysis.literal(json.loads(c['before']))} → {analysis.literal(json.loads(c['after']))} "
+            f"from step {c['from step']}"
             for _, c in changes.iterrows())
     resume = f"`{resume_command(cached.store_dir(), run['run_id'])}` continues it"
     if state == "running" and refreshing:

@@ -2,9 +2,10 @@
 
 - `embedded`: the tiny Qwen2.5-VL warm start the package ships (`fastrl_core.shipped`; text hidden 128, 2 layers).
 - `embedded-<preset>`: a warm start too large to ship, made by `fastrl_core.warmstart` from the recipe
-  `PRESETS[preset]` (the `WarmstartArgs` it changes), either by `fastrl warmstart --preset <preset>` or by the first
-  `load_policy("embedded-<preset>")` (so `fastrl train` / `fastrl bench` with `model: embedded-<preset>` build it
-  before their first step, with one line saying so). The recipe is deterministic by its seed on one machine and
+  `PRESETS[preset]` (the `WarmstartArgs` it changes), either by `fastrl warmstart --preset <preset>` (`main`) or by
+  the first `model_path("embedded-<preset>")` (the trainer and `fastrl eval` call it, so `fastrl train` / `fastrl
+  bench` with `model: embedded-<preset>` build it before their first step, with one line saying so).
+  `policy.load_policy` takes the folder `model_path` returns, never the name. The recipe is deterministic by its seed on one machine and
   library version, so building it on first use changes no result; it is only slow once.
 
 Where it is kept: `cache_root()/warmstart/<preset>-<key>/`, key = the first 12 hex digits of the SHA-256 of the

@@ -5,7 +5,7 @@ Two ways in, one code path after:
   `Qwen2_5_VLForConditionalGeneration` built from config (`build_tiny_vlm`) with a byte-level BPE tokenizer
   trained locally (`build_tokenizer`), warm-started by `fastrl_core.warmstart`; `"embedded-wide"`, the same
   tokenizer and processor on a wider text model (`WIDE_WIDTHS`), warm-started from a named recipe on first use and
-  cached (`fastrl_core.named_models`).
+  cached, is loaded by the folder `fastrl_core.named_models.model_path` gives.
 - a hub name or local path loads with `AutoProcessor` / `AutoModelForImageTextToText`.
 
 CPU gotchas handled here (NOTES §2): without torchvision, `Qwen2_5_VLProcessor(...)` fails at construction

@@ -194,11 +194,11 @@ def test_no_deploy_button_and_a_question_is_text_that_fetches_nothing(tmp_path, 
         tab.set_default_timeout(60_000)
         tab.goto(f"http://127.0.0.1:{port}/rollouts?run={writer.run_id}&step=0&prompt=p0")
         tab.wait_for_selector(".js-plotly-plot")
-        tab.wait_for_timeout(1500)
+        tab.wait_for_selector("[data-testid='stToolbar']")  # waits on the toolbar, not on a fixed time
+        tab.wait_for_selector(f"text={question}")  # the question's own characters, on the page
         assert tab.locator("[data-testid='stToolbar']").count() == 1  # the toolbar is there ...
         assert tab.locator("[data-testid='stAppDeployButton']").count() == 0  # ... without Deploy
         assert requests == []  # the question's image link was not followed
-        tab.wait_for_selector(f"text={question}")  # the question's own characters, on the page
         assert tab.locator("[data-testid='stException']").count() == 0
     finally:
         tab.close()

@@ -4,7 +4,8 @@ A file is damaged when it does not read whole (truncated, junk, a run.json that 
 though its step is visible (a step's rollouts and groups files are written before its steps file). Readers skip
 such files already (`store.damaged_files`); quarantining moves them to <store_dir>/quarantine/<same path> so
 that nothing is deleted and the store reads clean again. A damaged steps, groups or rollouts file takes its whole
-step to quarantine (steps file first): a step stays all-or-nothing.
+step to quarantine (steps file first): a step stays all-or-nothing. A damaged summary file (`store.summary`) goes
+alone: readers then read the step files, and the next `fastrl store compact` writes it anew.
 
 A checkpoint is damaged when its files differ from its manifest (a file missing, truncated or changed:
 `store.manifest`); it is named and quarantined as one folder. One written before manifests cannot be verified
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from fastrl_core.store import layout
+from fastrl_core.store import layout, summary
 from fastrl_core.store.damage import file_problem
 from fastrl_core.store.manifest import has_manifest, manifest_problem
 
@@ -63,6 +64,10 @@ def check_store(store_dir: str | Path) -> list[Damage]:
             problem = file_problem(path)
             if problem is not None and problem != "missing":
                 note(path, problem)
+        for table in summary.SOURCES:
+            problem = summary.problem(store_dir, run_id, table)
+            if problem is not None:
+                note(summary.summary_file(store_dir, run_id, table), problem)
         for folder in verified_checkpoints(store_dir, run_id):
             problem = manifest_problem(folder)
             if problem is not None:

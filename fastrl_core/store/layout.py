@@ -8,6 +8,9 @@
                                              per step instead of one per image
     <store_dir>/runs/<run_id>/evals/step_000123_<split>.parquet
     <store_dir>/runs/<run_id>/<run_id>.duckdb  compact(): the run as real tables
+    <store_dir>/runs/<run_id>/summary/{steps,groups,reason_counts}.parquet  the whole run's rows a fresh reader
+                                             starts from, each step's rows valid while its file is unchanged
+                                             (fastrl_core.store.summary)
     <store_dir>/runs/<run_id>/writer.lock    flock'ed by the run's one writer (the OS releases it when it dies)
     <store_dir>/runs/<run_id>/heartbeat      touched every HEARTBEAT_S by a live writer ("no heartbeat" when stale)
     <store_dir>/checkpoints/<run_id>/step_000040/  a resumable checkpoint with its manifest (fastrl_core.checkpoints)

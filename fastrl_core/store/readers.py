@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fastrl_core.store import damage, layout, schema
+from fastrl_core.store import damage, layout, schema, summary
 
 _lock = threading.Lock()
 _connection: tuple[int, duckdb.DuckDBPyConnection] | None = None
@@ -103,11 +103,14 @@ def _cached_run_table(store_dir: Path, run_id: str, table: str, paths: list[str]
     """The rows of a per-step `table`'s files `paths` (one step each), read with `read(files)` (a frame with a step
     column, in step order). A file never changes once written (a re-written step is a new file), so each process
     keeps the rows it has read, keyed by each file's (inode, mtime, size): a new step costs its own file only, and
-    a step that disappears (quarantined, dropped by a resume) or changes loses its rows and is read again."""
+    a step that disappears (quarantined, dropped by a resume) or changes loses its rows and is read again. A cold
+    process starts from the run's summary of `table` (`store.summary`, the same rows and stamps on disk)."""
     stamps = _stamps(paths)
     key = (table, str(layout.run_dir(store_dir, run_id).resolve()))
     with _lock:
         cached = _table_cache.get(key)
+    if cached is None and table in summary.SOURCES:
+        cached = _load_summary(store_dir, run_id, table)
     if cached is None:
         frame, new = None, list(stamps)
     else:
@@ -123,6 +126,31 @@ def _cached_run_table(store_dir: Path, run_id: str, table: str, paths: list[str]
     with _lock:
         _table_cache[key] = (stamps, frame)
     return frame
+
+
+def _load_summary(store_dir: Path, run_id: str, table: str):
+    """(stamps, rows) of the run's summary of `table` (`store.summary`), or None when it has none or it does not
+    read (then noted as damaged: the step files are read instead)."""
+    path = str(summary.summary_file(store_dir, run_id, table))
+    if damage.known_damaged(store_dir, path):
+        return None
+    try:
+        return summary.load(store_dir, run_id, table)
+    except summary.UNREADABLE as error:
+        damage.note_damaged(store_dir, path, " ".join(str(error).split())[:200] or type(error).__name__)
+        return None
+
+
+def whole_run_tables(store_dir: str | Path, run_id: str) -> dict[str, tuple[dict, pd.DataFrame]]:
+    """{summary table: (stamps of the step files read, rows)} of every visible step, as the readers gather them
+    (incrementally: this process reads only step files it has not read): what `store.summary` files hold."""
+    store_dir = Path(store_dir)
+    _run_steps(store_dir, run_id)
+    read_groups(store_dir, run_id)
+    read_reason_counts(store_dir, run_id)
+    run = str(layout.run_dir(store_dir, run_id).resolve())
+    with _lock:
+        return {table: _table_cache[(table, run)] for table in summary.SOURCES}
 
 
 def _run_steps(store_dir: Path, run_id: str) -> pd.DataFrame:

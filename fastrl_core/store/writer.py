@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from fastrl_core import faults
-from fastrl_core.store import layout, schema
+from fastrl_core.store import layout, schema, summary
+from fastrl_core.store.compact import compact, write_summaries
 from fastrl_core.store.config_history import fold_after, with_change
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class RunWriter:
 
     _lock_fd: int | None = None
     _beat: threading.Event | None = None
+    _since_summary = 0  # steps written since the summary files were last refreshed
 
     def __init__(self, store_dir: str | Path, *, name: str, config: dict, model: str, dataset: str,
                  objective: str, pruner: str, budget: str, code_version: str | None = None,
@@ -214,7 +216,8 @@ class RunWriter:
         sampled / kept equal its rollouts; unique ids; image refs present; one sketch length per run. An empty
         `rollouts` list means rollouts are not logged: only the groups are checked then. `step_row` may
         repeat the step (it must match); wall_time defaults to seconds since the run started.
-        Re-writing a step first hides the old one (removes its steps file), then writes the new one.
+        Re-writing a step first hides the old one (removes its steps file), then writes the new one. Every
+        `summary.EVERY` steps the run's summary files are refreshed (reading only the steps written since).
         """
         if not schema.is_int(step) or step < 0:
             raise ValueError(f"steps: step must be an int >= 0, got {step!r}")
@@ -253,6 +256,10 @@ class RunWriter:
             layout.write_parquet(tables[table], layout.step_file(self.store_dir, self.run_id, table, step),
                                  row_group_size=layout.ROLLOUT_ROW_GROUP if table == "rollouts" else None)
             faults.reach(f"step.{table}_written" if table != "steps" else "step.written")
+        self._since_summary += 1
+        if self._since_summary >= summary.EVERY:  # a fresh reader opens these instead of every step's files
+            write_summaries(self.store_dir, self.run_id)
+            self._since_summary = 0
 
     def _write_images(self, step: int, images: dict[str, bytes]) -> None:
         """One file per step with the images this run uses for the first time, not a file per image (16 of them
@@ -356,15 +363,15 @@ class RunWriter:
 
     def finish(self, status: str = "finished", error: str | None = None) -> None:
         """Mark the run ended ("finished", "stopped" or "failed", `error`: why, its first line is kept), release
-        its lock, and compact a finished run into runs/<run_id>/<run_id>.duckdb."""
-        from fastrl_core.store.compact import compact
-
+        its lock, write its summary files (`store.summary`), and compact a finished run into
+        runs/<run_id>/<run_id>.duckdb."""
         if status not in STATUSES[1:]:
             raise ValueError(f"runs: status {status!r} must be one of {STATUSES[1:]}")
         first_line = next((line.strip() for line in str(error or "").splitlines() if line.strip()), None)
         self.meta.update(status=status, finished=_now(), error=first_line)
         try:
             layout.write_json(self.meta, self._run_dir / "run.json")
+            write_summaries(self.store_dir, self.run_id)
             if status == "finished":
                 compact(self.store_dir, self.run_id)
         finally:

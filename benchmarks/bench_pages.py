@@ -3,9 +3,12 @@
     .venv/bin/python benchmarks/bench_pages.py --store runs               # serves the store itself
     .venv/bin/python benchmarks/bench_pages.py --url http://127.0.0.1:8501  # an app already serving
 
-A page's time runs from `goto` until its first script run has ended (the app root's script state) and the network
-is idle (charts drawn);
-each page is loaded `--repeats` times in a fresh tab and the median and range are printed. `bench_app.py` times
+A page's time runs from `goto` until the user sees the whole page: its first script run has ended (the app root's
+script state), no element is still a loading placeholder (Streamlit's skeleton), and every Plotly chart is drawn
+(`READY`, polled every animation frame). Until 2026-12-06 it ran until Playwright's "networkidle" instead, which
+waits for 500 ms without a request by definition, so every figure carried half a second of waiting; and it did
+not wait for the placeholders, which can outlast it. Each page is loaded `--repeats` times in a fresh browser
+context (nothing cached: a first visit) and the median and range are printed. `bench_app.py` times
 the same pages without a browser (AppTest) on a large synthetic store. Run on a quiet machine.
 """
 
@@ -18,9 +21,15 @@ from pathlib import Path
 
 PAGES = ("runs", "budget", "rollouts", "embeddings", "demo")
 CHROMIUM = "/usr/bin/chromium"
-# The app root's script state: "initial" until the page's first script run, "running", then "notRunning" once it
-# has ended. (Waiting for the status widget to be absent ended too early: on a cold app it had not appeared yet.)
-IDLE = "() => document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'"
+# Ready: the app root's script state is "initial" until the page's first script run, "running", then "notRunning"
+# once it has ended (waiting for the status widget to be absent ended too early: on a cold app it had not appeared
+# yet); then no skeleton placeholder is left and every Plotly chart has its SVG.
+READY = """() => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (!app || app.dataset.testScriptState !== 'notRunning') return false;
+  if (document.querySelector('[data-testid="stSkeleton"]')) return false;
+  return [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('.main-svg'));
+}"""
 
 
 def time_page(browser, url: str) -> float:
@@ -30,9 +39,10 @@ def time_page(browser, url: str) -> float:
         start = time.perf_counter()
         page.goto(url)
         page.wait_for_selector("[data-testid='stMainBlockContainer']")
-        page.wait_for_function(IDLE)
-        page.wait_for_load_state("networkidle")
-        return time.perf_counter() - start
+        page.wait_for_function(READY)
+        seconds = time.perf_counter() - start
+        page.wait_for_load_state("networkidle")  # not counted: lets the page settle before the tab closes
+        return seconds
     finally:
         page.close()
 

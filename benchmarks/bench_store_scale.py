@@ -17,15 +17,18 @@ with the machine's load average (other work inflates every timing):
   (2) disk: the store, each table, bytes per rollout, and the rollouts files' columns;
   (3) the store's reads the pages make, in a fresh process (cold) and again (warm): the token view of one
       rollout, one step's rollouts, the embedding map's sample over the whole run, the budget heatmap, ...;
-  (4) `fastrl store check` and `fastrl store compact` on the FastRL run;
-  (5) every page in headless Chromium (benchmarks/bench_pages.py's timing): cold = the first load after a fresh
-      app start (empty data caches; the OS file cache is whatever the build left), warm = the median of --repeats
-      reloads. Targets: <= 2 s warm, <= 5 s cold. --no-pages skips (5).
+  (4) `fastrl store check` and `fastrl store compact` (the DuckDB file and the summary files) on the FastRL run;
+  (5) every page in headless Chromium (benchmarks/bench_pages.py's timing: until the whole page is drawn): cold =
+      the first load after a fresh app start (empty data caches; the OS file cache is whatever the build left),
+      warm = the median of --repeats reloads. Targets: <= 2 s warm, <= 5 s cold. --no-pages skips (5).
+(3) and (5) also give each cold figure from the step files alone (the runs' summary files, `store.summary`, set
+aside for that measurement): the store as it was read before 2026-12-06, side by side in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import math
 import os
@@ -39,7 +42,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from fastrl_core import metrics, store
-from fastrl_core.store import PHASES, StepRecord, image_key, step_rows
+from fastrl_core.store import PHASES, StepRecord, image_key, step_rows, summary
 
 REAL = {"steps": 800, "prompts": 64, "tokens": 512, "problems": 2101}  # the paper's Geometry3K run
 ROLLOUTS_PER_PROMPT = 8
@@ -233,7 +236,8 @@ def phase_seconds(method: str, sampled: int, kept: int, scale: Scale) -> dict[st
 
 def build(root: Path, scale: Scale, methods: tuple[str, ...] = ("fastrl", "grpo"), *, log=print) -> dict[str, list]:
     """Write one run per method into `root` through `step_rows` and `RunWriter`; returns {method: [(step, write
-    seconds, wrote images), ...]}, each step's write timed as the trainer times its `store` phase."""
+    seconds, "images" | "summaries" | ""), ...]} (what else the step wrote: its first-epoch images, or the run's
+    summary files), each step's write timed as the trainer times its `store` phase."""
     writes: dict[str, list] = {}
     config = {"rollouts_per_prompt": ROLLOUTS_PER_PROMPT, "prompts_per_step": scale.prompts, "steps": scale.steps,
               "budget_args": {"n_min": 2}, "objective_args": {"beta": 0.01}, "log_rollouts": True,
@@ -255,7 +259,8 @@ def build(root: Path, scale: Scale, methods: tuple[str, ...] = ("fastrl", "grpo"
             begin = time.perf_counter()
             step_rows(result).write_to(writer)  # the trainer's store phase: these two calls
             last_write = time.perf_counter() - begin
-            rows.append((step, last_write, bool(result.images)))
+            rows.append((step, last_write, "images" if result.images else
+                         "summaries" if (step + 1) % summary.EVERY == 0 else ""))
             if step % EVAL_EVERY == 0 or step == scale.steps - 1:
                 accuracy = 0.37 + (0.13 if pruned else 0.11) * (1 - math.exp(-step / (scale.steps / 3)))
                 writer.write_eval(step, "test", accuracy, 601, wall_time=clock)
@@ -288,10 +293,11 @@ def report_writes(writes: dict[str, list]) -> None:
     budget = 0.02 * ASSUMED_STEP_S
     print(f"    assumed step of the paper's profile on a GPU: {ASSUMED_STEP_S:.0f} s (Table 8: ~530 s for 256 x 8 "
           f"rollouts, a 512-rollout step a quarter); 2 % of it is {budget:.2f} s; aim {WRITE_TARGET_S:.1f} s")
+    labels = {"images": "steps writing new images (first epoch)",
+              "summaries": f"steps refreshing the summaries (every {summary.EVERY})", "": "other steps"}
     for method, rows in writes.items():
-        later = [s for _, s, images in rows if not images]
-        first = [s for _, s, images in rows if images]
-        for label, seconds in (("steps writing new images (first epoch)", first), ("other steps", later)):
+        for kind, label in labels.items():
+            seconds = [s for _, s, what in rows if what == kind]
             if seconds:
                 worst = max(seconds)
                 print(f"    {method:<7} {label:<40} {spread(seconds)}  "
@@ -329,21 +335,43 @@ def report_disk(root: Path, run_ids: dict[str, str]) -> None:
             f"{k} {100 * v / share:.0f} %" for k, v in sorted(columns.items(), key=lambda kv: -kv[1])[:6]))
 
 
-def timed(fn, repeat: int = 3) -> tuple[float, float]:
-    """(cold: the first call after the store's per-process caches are cleared, warm: median of `repeat` more)."""
+@contextlib.contextmanager
+def summaries_aside(root: Path):
+    """The store as it was before summary files (2026-12-06): each run's summary folder renamed away meanwhile."""
+    folders = [store.layout.run_dir(root, run_id) / "summary" for run_id in store.list_runs(root)]
+    moved = [folder for folder in folders if folder.is_dir()]
+    for folder in moved:
+        folder.rename(folder.with_name("summary-aside"))
+    try:
+        yield
+    finally:
+        for folder in moved:
+            folder.with_name("summary-aside").rename(folder)
+
+
+def cold_call(fn) -> float:
+    """Seconds of `fn()` right after the store's per-process caches are cleared."""
     from fastrl_core.store import readers
 
     readers._table_cache.clear()
     readers._images_cache.clear()
     start = time.perf_counter()
     fn()
-    cold = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+def timed(fn, root: Path, repeat: int = 3) -> tuple[float, float, float]:
+    """(cold: the first call after the store's per-process caches are cleared, warm: median of `repeat` more,
+    cold from the step files alone: the summary files set aside)."""
+    with summaries_aside(root):
+        without = cold_call(fn)
+    cold = cold_call(fn)
     warm = []
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
         warm.append(time.perf_counter() - start)
-    return cold, statistics.median(warm)
+    return cold, statistics.median(warm), without
 
 
 def report_reads(root: Path, run_ids: dict[str, str], repeat: int) -> None:
@@ -384,11 +412,12 @@ def report_reads(root: Path, run_ids: dict[str, str], repeat: int) -> None:
             lambda: (store.latest_step(root, run_id), store.run_version(root, run_id)),
     }
     print(f"\n(3) store reads on the {run_id} run ({len(steps)} steps), cold (the store's per-process caches "
-          f"cleared; OS file cache warm) / warm (median of {repeat}), {load()}")
+          f"cleared; OS file cache warm) / warm (median of {repeat}) / cold from the step files alone (the run's "
+          f"summary files set aside, as before they existed), {load()}")
     width = max(map(len, queries))
     for name, fn in queries.items():
-        cold, warm = timed(fn, repeat)
-        print(f"    {name:<{width}}  cold {cold:7.3f} s  warm {warm:7.3f} s")
+        cold, warm, without = timed(fn, root, repeat)
+        print(f"    {name:<{width}}  cold {cold:7.3f} s  warm {warm:7.3f} s  without summaries {without:7.3f} s")
 
 
 def report_maintenance(root: Path, run_ids: dict[str, str]) -> None:
@@ -398,6 +427,8 @@ def report_maintenance(root: Path, run_ids: dict[str, str]) -> None:
     print(f"    check_store(store): {time.perf_counter() - start:.1f} s, {len(damage)} damaged files "
           f"(reads every file of every run whole)")
     run_id = run_ids.get("fastrl") or next(iter(run_ids.values()))
+    seconds = cold_call(lambda: store.write_summaries(root, run_id))
+    print(f"    write_summaries({run_id}) from the step files alone (after copying a store): {seconds:.1f} s")
     start = time.perf_counter()
     path = store.compact(root, run_id)
     print(f"    compact({run_id}): {time.perf_counter() - start:.1f} s -> {path.stat().st_size / 1e9:.2f} GB")
@@ -422,22 +453,29 @@ def report_pages(root: Path, run_ids: dict[str, str], repeats: int, port: int) -
         "embeddings (whole run, sampled)": f"embeddings?run={run_id}&steps={first}-{last}",
         "demo": f"demo?run={run_id}",
     }
-    print(f"\n(5) pages in headless Chromium: cold = first load after a fresh app start, warm = median of {repeats} "
-          f"reloads; targets <= 5 s cold, <= 2 s warm; {load()}")
+    print(f"\n(5) pages in headless Chromium, until the whole page is drawn (bench_pages.READY): cold = the first "
+          f"load after a fresh app start, warm = median [min, max] of {repeats} reloads, and cold again from the "
+          f"step files alone (summary files set aside); targets <= 5 s cold, <= 2 s warm; {load()}")
+
+    def fresh_app_loads(url: str, reloads: int) -> list[float]:
+        app = serve(root, port=port, timeout=120)
+        try:
+            return [time_page(browser, url) for _ in range(1 + reloads)]
+        finally:
+            app.terminate()
+            app.wait(30)
+
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         for name, path in pages.items():
-            app = serve(root, port=port, timeout=120)
-            try:
-                url = f"http://127.0.0.1:{port}/{path}"
-                cold = time_page(browser, url)
-                warm = statistics.median([time_page(browser, url) for _ in range(repeats)])
-            finally:
-                app.terminate()
-                app.wait(30)
-            verdict = "ok" if cold <= 5 and warm <= 2 else "OVER"
-            print(f"    {name:<34} cold {cold:6.2f} s  warm {warm:6.2f} s  {verdict}", flush=True)
+            url = f"http://127.0.0.1:{port}/{path}"
+            cold, *warm = fresh_app_loads(url, repeats)
+            with summaries_aside(root):
+                without = fresh_app_loads(url, 0)[0]
+            verdict = "ok" if cold <= 5 and statistics.median(warm) <= 2 else "OVER"
+            print(f"    {name:<34} cold {cold:5.2f} s  warm {statistics.median(warm):5.2f} s [{min(warm):.2f}, "
+                  f"{max(warm):.2f}]  {verdict:<4}  without summaries: cold {without:5.2f} s", flush=True)
         browser.close()
 
 

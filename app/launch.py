@@ -21,9 +21,10 @@ ENTRY = Path(__file__).with_name("main.py")
 
 
 def streamlit_command(store_dir: Path, *, port: int, address: str) -> list[str]:
-    """The `streamlit run` command line for the app on `store_dir`."""
+    """The `streamlit run` command line for the app on `store_dir` (through `fastrl_app.server`, which imports what
+    the pages import first, so the first page opened does not wait for it)."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(ENTRY),
+        sys.executable, "-m", "fastrl_app.server", "run", str(ENTRY),  # streamlit, its pages' imports done
         "--server.headless", "true",
         "--server.address", address,
         "--server.port", str(port),

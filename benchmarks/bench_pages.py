@@ -47,6 +47,27 @@ def time_page(browser, url: str) -> float:
         page.close()
 
 
+def floor_times(browser, repeats: int, port: int) -> tuple[float, list[float]]:
+    """(cold, warm loads) of `floor_page.py` (a title and one small Plotly chart) served fresh by the same
+    Streamlit with the app's options: what any page with a chart costs on this machine and browser."""
+    import subprocess
+    import sys
+
+    from fastrl_app.launch import wait_healthy
+
+    command = [sys.executable, "-m", "streamlit", "run", str(Path(__file__).with_name("floor_page.py")),
+               "--server.headless", "true", "--server.port", str(port), "--server.fileWatcherType", "none",
+               "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(port, 120, process=server)
+        cold, *warm = [time_page(browser, f"http://127.0.0.1:{port}/") for _ in range(1 + repeats)]
+        return cold, warm
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, help="serve this store on --port")
@@ -69,10 +90,13 @@ def main() -> int:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
                 "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
             time_page(browser, f"{base}/runs")  # warm-up: the app process's imports
-            print(f"page load in headless Chromium, {args.repeats} loads each (s): median [min, max]")
+            print(f"page load in headless Chromium until drawn, {args.repeats} loads each (s): median [min, max]")
             for name in PAGES:
                 seconds = [time_page(browser, f"{base}/{name}") for _ in range(args.repeats)]
                 print(f"  {name:<11} {statistics.median(seconds):5.2f} [{min(seconds):.2f}, {max(seconds):.2f}]")
+            _, floor = floor_times(browser, args.repeats, args.port + 1)
+            print(f"  {'floor':<11} {statistics.median(floor):5.2f} [{min(floor):.2f}, {max(floor):.2f}]  "
+                  "(benchmarks/floor_page.py: a title and one small Plotly chart)")
             browser.close()
     finally:
         if app is not None:

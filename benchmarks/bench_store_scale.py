@@ -438,7 +438,7 @@ def report_pages(root: Path, run_ids: dict[str, str], repeats: int, port: int) -
     from playwright.sync_api import sync_playwright
 
     from fastrl_app.launch import serve
-    from bench_pages import CHROMIUM, time_page
+    from bench_pages import CHROMIUM, floor_times, time_page
 
     run_id = run_ids.get("fastrl") or next(iter(run_ids.values()))
     steps = store.read_steps(root, run_id)
@@ -468,6 +468,10 @@ def report_pages(root: Path, run_ids: dict[str, str], repeats: int, port: int) -
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        cold, warm = floor_times(browser, repeats, port + 1)
+        print(f"    {'floor: a title and one small chart':<34} cold {cold:5.2f} s  warm "
+              f"{statistics.median(warm):5.2f} s [{min(warm):.2f}, {max(warm):.2f}]  (benchmarks/floor_page.py, "
+              "the same Streamlit and browser)", flush=True)
         for name, path in pages.items():
             url = f"http://127.0.0.1:{port}/{path}"
             cold, *warm = fresh_app_loads(url, repeats)

@@ -86,7 +86,7 @@ def _select_steps(store_dir: Path, run_id: str, steps: int | Sequence[int] | Non
 
 
 def _files(store_dir: Path, run_id: str, table: str, steps: list[int]) -> list[str]:
-    return [str(layout.step_file(store_dir, run_id, table, s)) for s in steps]
+    return layout.step_files(store_dir, run_id, table, steps)
 
 
 def latest_step(store_dir: str | Path, run_id: str) -> int | None:

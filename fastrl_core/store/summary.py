@@ -71,8 +71,9 @@ def load(store_dir: Path, run_id: str, table: str) -> tuple[dict[str, Stamp], pd
     if meta.get("format") != FORMAT or meta.get("source") != SOURCES[table]:
         raise ValueError(f"summary format {meta.get('format')!r} of {meta.get('source')!r} files; this code "
                          f"reads format {FORMAT} of {SOURCES[table]!r} files")
-    stamps = {str(layout.step_file(store_dir, run_id, meta["source"], int(step))): tuple(int(v) for v in stamp)
-              for step, stamp in meta["stamps"].items()}
+    steps = meta["stamps"]
+    paths = layout.step_files(store_dir, run_id, meta["source"], steps)
+    stamps = {path: tuple(int(v) for v in stamp) for path, stamp in zip(paths, steps.values())}
     return stamps, arrow.to_pandas()
 
 

@@ -80,9 +80,10 @@ def budget() -> None:
     visits = matrix.groupby("prompt_id")["step"].agg(["size", "max"]).sort_values("size", ascending=False,
                                                                                     kind="stable")
     options = visits.index.tolist()
+    labels = {p: f"{p} · {size} visits" for p, size in zip(options, visits["size"].tolist())}  # 2,101 in a real run
     asked = st.query_params.get("prompt")
     prompt = st.selectbox("Prompt", options, index=options.index(asked) if asked in options else 0,
-                          key="timeline_prompt", format_func=lambda p: f"{p} · {visits.loc[p, 'size']} visits")
+                          key="timeline_prompt", format_func=labels.__getitem__)
     if st.query_params.get("prompt") != prompt:
         st.query_params["prompt"] = prompt
     widgets.labelled_text("Question.", cached.question(run_id, int(visits.loc[prompt, "max"]), prompt))

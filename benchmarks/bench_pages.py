@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_pages.py --store runs               # serves the store itself
     .venv/bin/python benchmarks/bench_pages.py --url http://127.0.0.1:8501  # an app already serving
+    .venv/bin/python benchmarks/bench_pages.py --store runs --launch-pairs 3  # and app starts, two ways
 
 A page's time runs from `goto` until the user sees the whole page: its first script run has ended (the app root's
 script state), no element is still a loading placeholder (Streamlit's skeleton), and every Plotly chart is drawn
@@ -68,12 +69,40 @@ def floor_times(browser, repeats: int, port: int) -> tuple[float, list[float]]:
         server.wait(30)
 
 
+def launch_pairs(browser, store: Path, pairs: int, port: int, url_path: str = "budget") -> None:
+    """Start the app `pairs` times each way, interleaved: plain `streamlit run` (the pages' imports happen in the
+    first page opened) and `fastrl_app.server` (what `fastrl app` runs: imported while the server starts); print
+    the time until it answers its health check and the first load of `url_path`, then one more load."""
+    from fastrl_app import launch
+
+    print(f"app start and first page ({url_path}) after it, plain streamlit vs fastrl_app.server, interleaved (s)")
+    ours = launch.streamlit_command
+    plain = lambda *a, **k: ["streamlit" if part == "fastrl_app.server" else part for part in ours(*a, **k)]
+    try:
+        for _ in range(pairs):
+            for name, command in (("streamlit run", plain), ("fastrl_app.server", ours)):
+                launch.streamlit_command = command
+                start = time.perf_counter()
+                app = launch.serve(store, port=port, timeout=120)
+                up = time.perf_counter() - start
+                try:
+                    first, again = (time_page(browser, f"http://127.0.0.1:{port}/{url_path}") for _ in range(2))
+                finally:
+                    app.terminate()
+                    app.wait(30)
+                print(f"  {name:<18} start {up:5.2f}  first page {first:5.2f}  again {again:5.2f}", flush=True)
+    finally:
+        launch.streamlit_command = ours
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, help="serve this store on --port")
     parser.add_argument("--url", help="an app already serving")
     parser.add_argument("--port", type=int, default=8597)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--launch-pairs", type=int, default=0, metavar="N",
+                        help="with --store: also time N app starts each way (launch_pairs)")
     args = parser.parse_args()
     if (args.store is None) == (args.url is None):
         parser.error("give exactly one of --store and --url")
@@ -97,6 +126,11 @@ def main() -> int:
             _, floor = floor_times(browser, args.repeats, args.port + 1)
             print(f"  {'floor':<11} {statistics.median(floor):5.2f} [{min(floor):.2f}, {max(floor):.2f}]  "
                   "(benchmarks/floor_page.py: a title and one small Plotly chart)")
+            if args.launch_pairs and app is not None:
+                app.terminate()
+                app.wait(30)
+                app = None
+                launch_pairs(browser, args.store, args.launch_pairs, args.port)
             browser.close()
     finally:
         if app is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +20,9 @@ from test_app_pages import REPO, merged_step, train_command
 
 from fastrl_app.launch import serve
 from fastrl_core import store
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_pages import READY  # noqa: E402  (a page is drawn: script run ended, no placeholder, charts drawn)
 
 CHROMIUM = "/usr/bin/chromium"
 # README's screenshots are refreshed with FASTRL_SCREENSHOTS=docs/screenshots; otherwise they go to a temp folder.
@@ -123,7 +127,7 @@ def test_box_selection_on_the_map_shows_the_rollouts_with_images(served, page):
     page.wait_for_selector(".js-plotly-plot")
     # PCA first; the page redraws by itself once the background UMAP fit is done
     page.wait_for_selector("text=UMAP map of", timeout=300_000)  # 20-120 s seen on 2 busy cores
-    page.wait_for_timeout(1500)
+    page.wait_for_function(READY)  # the redrawn map, before dragging on it
     drag = page.locator(".js-plotly-plot .nsewdrag").first
     box = drag.bounding_box()
     start = (box["x"] + box["width"] * 0.15, box["y"] + box["height"] * 0.15)
@@ -155,8 +159,7 @@ def test_rollouts_deep_link_and_the_other_pages_render(served, page):
                                ("demo", "demo", "Speed and accuracy against GRPO")):
         page.goto(f"{url}/{path}")
         page.wait_for_selector(f"text={marker}")
-        page.wait_for_selector(".js-plotly-plot")
-        page.wait_for_timeout(1500)
+        page.wait_for_function(READY)  # drawn, charts included, before the screenshot
         assert page.locator("[data-testid='stException']").count() == 0, name
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
 

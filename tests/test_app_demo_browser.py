@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_app_browser import CHROMIUM, free_port
+from test_app_browser import CHROMIUM, READY, free_port
 from test_app_pages import REPO
 
 from fastrl_app import palette
@@ -97,10 +97,13 @@ def page(browser):
 
 
 def load(page, url: str, marker: str, name: str) -> None:
-    """Open `url`, wait for `marker` and the page's charts to settle; records the load time."""
+    """Open `url`, wait for `marker` and for the page to be drawn (bench_pages.READY: script run ended, no
+    placeholder left, every Plotly chart drawn; "networkidle" alone came before the last charts); records the load
+    time."""
     start = time.perf_counter()
     page.goto(url)
     page.wait_for_selector(f"text={marker}")
+    page.wait_for_function(READY)
     page.wait_for_load_state("networkidle")
     LOAD_TIMES[name] = time.perf_counter() - start
     assert page.locator("[data-testid='stException']").count() == 0, name
@@ -226,7 +229,7 @@ def test_runs_and_embeddings_pages(demo, page):
          "embeddings (GRPO run)")
     load(page, f"{url}/embeddings?run={run_id_of(store_dir, 'fastrl')}", "map of", "embeddings")
     page.wait_for_selector("text=UMAP map of", timeout=900_000)  # PCA first; redrawn once the background fit is done
-    page.wait_for_timeout(1500)
+    page.wait_for_function(READY)  # the redrawn map, before dragging on it
     drag = page.locator(".js-plotly-plot .nsewdrag").first
     box = drag.bounding_box()
     page.mouse.move(box["x"] + 2, box["y"] + 2)
@@ -236,7 +239,7 @@ def test_runs_and_embeddings_pages(demo, page):
     page.mouse.up()
     page.wait_for_selector("text=selected rollouts")
     page.wait_for_selector("text=Page (of")  # more than a page selected: paged
-    assert "Rows 1–12 of" in page.inner_text("body")
+    page.wait_for_selector("text=/Rows 1–12 of \\d+/")  # the table's first page (drawn after the pager)
     page.screenshot(path=str(SCREENSHOTS / "embeddings.png"), full_page=True)
 
 

@@ -274,7 +274,8 @@ def damage_notice() -> None:
     by_kind: dict[str, list[str]] = {}
     for path in damaged:
         parts = Path(path).parts
-        kind = parts[-2] if len(parts) >= 2 and parts[-2] in (*store.layout.TABLE_DIRS, "summary") else Path(path).name
+        folders = (*store.layout.TABLE_DIRS, store.summary.FOLDER)
+        kind = parts[-2] if len(parts) >= 2 and parts[-2] in folders else Path(path).name
         by_kind.setdefault(kind, []).append(path)
     lines = [f"{len(paths)} damaged {kind} file{'s' if len(paths) > 1 else ''} skipped: {', '.join(paths[:3])}"
              + (" ..." if len(paths) > 3 else "") for kind, paths in by_kind.items()]

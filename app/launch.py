@@ -18,13 +18,16 @@ import urllib.request
 from pathlib import Path
 
 ENTRY = Path(__file__).with_name("main.py")
+SERVER = "fastrl_app.server"  # streamlit's command line, the pages' imports done first
 
 
-def streamlit_command(store_dir: Path, *, port: int, address: str) -> list[str]:
+def streamlit_command(store_dir: Path, *, port: int, address: str, entry: Path = ENTRY,
+                      server: str = SERVER) -> list[str]:
     """The `streamlit run` command line for the app on `store_dir` (through `fastrl_app.server`, which imports what
-    the pages import first, so the first page opened does not wait for it)."""
+    the pages import first, so the first page opened does not wait for it). The benchmarks serve another `entry`
+    (benchmarks/floor_page.py) or use `server="streamlit"` (plain `streamlit run`) with the same options."""
     return [
-        sys.executable, "-m", "fastrl_app.server", "run", str(ENTRY),  # streamlit, its pages' imports done
+        sys.executable, "-m", server, "run", str(entry),
         "--server.headless", "true",
         "--server.address", address,
         "--server.port", str(port),
@@ -65,8 +68,9 @@ def wait_healthy(port: int, timeout: float = 60.0, *, address: str = "127.0.0.1"
 
 
 def serve(store_dir: Path, *, port: int = 8501, address: str = "127.0.0.1", timeout: float = 60.0,
-          log_path: Path | None = None) -> subprocess.Popen:
-    """Start the app on `store_dir` at http://address:port and return once it is healthy.
+          log_path: Path | None = None, entry: Path = ENTRY, server: str = SERVER) -> subprocess.Popen:
+    """Start the app on `store_dir` at http://address:port and return once it is healthy (`entry`, `server`: as
+    for `streamlit_command`).
 
     The app's output goes to `log_path` (default: a file in the temp directory named after the port);
     on failure the error names that file and quotes its last lines. Stop it with `process.terminate()`; on
@@ -76,7 +80,7 @@ def serve(store_dir: Path, *, port: int = 8501, address: str = "127.0.0.1", time
     log_path = Path(log_path or Path(tempfile.gettempdir()) / f"fastrl-app-{port}.log")
     env = {**os.environ, "FASTRL_STORE": str(store_dir.resolve())}
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(streamlit_command(store_dir, port=port, address=address),
+        process = subprocess.Popen(streamlit_command(store_dir, port=port, address=address, entry=entry, server=server),
                                    stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
     try:
         wait_healthy(port, timeout, address=address, process=process)

@@ -49,19 +49,13 @@ def time_page(browser, url: str) -> float:
 
 
 def floor_times(browser, repeats: int, port: int) -> tuple[float, list[float]]:
-    """(cold, warm loads) of `floor_page.py` (a title and one small Plotly chart) served fresh by the same
-    Streamlit with the app's options: what any page with a chart costs on this machine and browser."""
-    import subprocess
-    import sys
+    """(cold, warm loads) of `floor_page.py` (a title and one small Plotly chart) served fresh by plain `streamlit
+    run` with the app's options: what any page with a chart costs on this machine and browser."""
+    from fastrl_app.launch import serve
 
-    from fastrl_app.launch import wait_healthy
-
-    command = [sys.executable, "-m", "streamlit", "run", str(Path(__file__).with_name("floor_page.py")),
-               "--server.headless", "true", "--server.port", str(port), "--server.fileWatcherType", "none",
-               "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = serve(Path.cwd(), port=port, timeout=120, entry=Path(__file__).with_name("floor_page.py"),
+                   server="streamlit")
     try:
-        wait_healthy(port, 120, process=server)
         cold, *warm = [time_page(browser, f"http://127.0.0.1:{port}/") for _ in range(1 + repeats)]
         return cold, warm
     finally:
@@ -73,26 +67,20 @@ def launch_pairs(browser, store: Path, pairs: int, port: int, url_path: str = "b
     """Start the app `pairs` times each way, interleaved: plain `streamlit run` (the pages' imports happen in the
     first page opened) and `fastrl_app.server` (what `fastrl app` runs: imported while the server starts); print
     the time until it answers its health check and the first load of `url_path`, then one more load."""
-    from fastrl_app import launch
+    from fastrl_app.launch import SERVER, serve
 
-    print(f"app start and first page ({url_path}) after it, plain streamlit vs fastrl_app.server, interleaved (s)")
-    ours = launch.streamlit_command
-    plain = lambda *a, **k: ["streamlit" if part == "fastrl_app.server" else part for part in ours(*a, **k)]
-    try:
-        for _ in range(pairs):
-            for name, command in (("streamlit run", plain), ("fastrl_app.server", ours)):
-                launch.streamlit_command = command
-                start = time.perf_counter()
-                app = launch.serve(store, port=port, timeout=120)
-                up = time.perf_counter() - start
-                try:
-                    first, again = (time_page(browser, f"http://127.0.0.1:{port}/{url_path}") for _ in range(2))
-                finally:
-                    app.terminate()
-                    app.wait(30)
-                print(f"  {name:<18} start {up:5.2f}  first page {first:5.2f}  again {again:5.2f}", flush=True)
-    finally:
-        launch.streamlit_command = ours
+    print(f"app start and first page ({url_path}) after it, plain streamlit vs {SERVER}, interleaved (s)")
+    for _ in range(pairs):
+        for name, server in (("streamlit run", "streamlit"), (SERVER, SERVER)):
+            start = time.perf_counter()
+            app = serve(store, port=port, timeout=120, server=server)
+            up = time.perf_counter() - start
+            try:
+                first, again = (time_page(browser, f"http://127.0.0.1:{port}/{url_path}") for _ in range(2))
+            finally:
+                app.terminate()
+                app.wait(30)
+            print(f"  {name:<18} start {up:5.2f}  first page {first:5.2f}  again {again:5.2f}", flush=True)
 
 
 def main() -> int:

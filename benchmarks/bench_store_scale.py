@@ -338,15 +338,16 @@ def report_disk(root: Path, run_ids: dict[str, str]) -> None:
 @contextlib.contextmanager
 def summaries_aside(root: Path):
     """The store as it was before summary files (2026-12-06): each run's summary folder renamed away meanwhile."""
-    folders = [store.layout.run_dir(root, run_id) / "summary" for run_id in store.list_runs(root)]
+    folders = [store.layout.run_dir(root, run_id) / summary.FOLDER for run_id in store.list_runs(root)]
     moved = [folder for folder in folders if folder.is_dir()]
+    aside = f"{summary.FOLDER}-aside"
     for folder in moved:
-        folder.rename(folder.with_name("summary-aside"))
+        folder.rename(folder.with_name(aside))
     try:
         yield
     finally:
         for folder in moved:
-            folder.with_name("summary-aside").rename(folder)
+            folder.with_name(aside).rename(folder)
 
 
 def cold_call(fn) -> float:

@@ -5,8 +5,8 @@
   `PRESETS[preset]` (the `WarmstartArgs` it changes), either by `fastrl warmstart --preset <preset>` (`main`) or by
   the first `model_path("embedded-<preset>")` (the trainer and `fastrl eval` call it, so `fastrl train` / `fastrl
   bench` with `model: embedded-<preset>` build it before their first step, with one line saying so).
-  `policy.load_policy` takes the folder `model_path` returns, never the name. The recipe is deterministic by its seed on one machine and
-  library version, so building it on first use changes no result; it is only slow once.
+  `policy.load_policy` takes the folder `model_path` returns, never the name. The recipe is deterministic by its
+  seed on one machine and library version, so building it on first use changes no result; it is only slow once.
 
 Where it is kept: `cache_root()/warmstart/<preset>-<key>/`, key = the first 12 hex digits of the SHA-256 of the
 recipe's arguments (every `WarmstartArgs` field but `out` and `data_dir`): a changed recipe builds a new folder

@@ -6,9 +6,9 @@ the steps row last); the app and the benchmarks read through the `read_*` functi
 `read_tokens` reads one rollout's tokens and `read_image` one of a run's images without reading the whole file.
 `compact` materialises a run into one DuckDB file, `write_summaries` its whole-run tables into three small files a
 fresh reader starts from (`fastrl_core.store.summary`; the step files stay the truth); `check_store` / `quarantine`
-(`fastrl store check`) find and move aside damaged files, which the readers skip and list (`damaged_files`). `store.duckdb` holds views over
-the live files for ad-hoc SQL (`cd <store_dir> && duckdb -readonly store.duckdb`: its paths are relative, so a
-copied store reads its own files). Layout and guarantees: `fastrl_core.store.layout`;
+(`fastrl store check`) find and move aside damaged files, which the readers skip and list (`damaged_files`).
+`store.duckdb` holds views over the live files for ad-hoc SQL (`cd <store_dir> && duckdb -readonly store.duckdb`:
+its paths are relative, so a copied store reads its own files). Layout and guarantees: `fastrl_core.store.layout`;
 schemas: `fastrl_core.store.schema`; well-formed fake runs for tests and app work: `fastrl_core.store.fake_runs`.
 """
 

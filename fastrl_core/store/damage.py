@@ -32,6 +32,11 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
+def why(error: BaseException) -> str:
+    """An error as one line of at most 200 characters (its type's name when it has no message)."""
+    return " ".join(str(error).split())[:200] or type(error).__name__
+
+
 def file_problem(path: str) -> str | None:
     """Why a store file cannot be read (its first line), or None when it reads whole."""
     try:
@@ -39,7 +44,7 @@ def file_problem(path: str) -> str | None:
     except FileNotFoundError:
         return "missing"
     except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
-        return " ".join(str(error).split())[:200] or type(error).__name__
+        return why(error)
     return None
 
 
@@ -59,7 +64,7 @@ class DamagedFile(OSError):
 def damaged(store_dir: Path, path: str, error: BaseException) -> DamagedFile:
     """Note `path` as damaged by `error` (its first line, or "missing") and return the DamagedFile to raise."""
     missing = isinstance(error, FileNotFoundError)
-    problem = "missing" if missing else (" ".join(str(error).split())[:200] or type(error).__name__)
+    problem = "missing" if missing else why(error)
     if not (missing and step_vanished(path)):
         note_damaged(store_dir, path, problem)
     return DamagedFile(f"{os.path.relpath(path, _store_key(store_dir))}: {problem}")

@@ -137,7 +137,7 @@ def _load_summary(store_dir: Path, run_id: str, table: str):
     try:
         return summary.load(store_dir, run_id, table)
     except summary.UNREADABLE as error:
-        damage.note_damaged(store_dir, path, " ".join(str(error).split())[:200] or type(error).__name__)
+        damage.note_damaged(store_dir, path, damage.why(error))
         return None
 
 

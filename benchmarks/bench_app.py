@@ -4,9 +4,11 @@
     python benchmarks/bench_app.py --store /tmp/big  # keep (and reuse) the store there
 
 The store is written through RunWriter from the store's synthetic steps (64 prompts x 8 rollouts, 256-d
-sketches) with a keep rule applied, for a FastRL run and a GRPO baseline. "cold" = first visit with empty data
-caches (every read goes to the Parquet files), "warm" = the same page again (what a live refresh costs when no
-new step arrived). The first page load of the process (imports) is measured separately.
+sketches) with a keep rule applied, for a FastRL run and a GRPO baseline; an existing store (e.g.
+bench_store_scale.py's) is reused as it is. "cold" = first visit with empty data caches, the app's and the
+store's per-process ones (reads go to the run's summary and Parquet files), "warm" = the same page again (what a
+live refresh costs when no new step arrived). The first page load of the process (imports) is measured
+separately. This is the server's side of a page only: no browser draws it (bench_pages.py does).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from fastrl_core import store
+    from fastrl_core.store import readers
 
     root = args.store or Path(tempfile.mkdtemp(prefix="fastrl-bench-app-"))
     if not store.read_runs(root).shape[0]:
@@ -104,12 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         ("embeddings", "embeddings", {"run": fastrl}),
         ("demo", "demo", {"run": fastrl}),
     ]
-    print(f"\n{runs.shape[0]} runs x {args.steps} steps x {args.prompts * args.rollouts_per_prompt} rollouts; "
-          f"first page load of the process (imports included): {first:.2f} s\n")
+    print(f"\n{root}: {runs.shape[0]} runs, {int(runs['steps'].max())} steps the longest; first page load of the "
+          f"process (imports included): {first:.2f} s\n")
     print(f"{'page':22s} {'cold (s)':>9s} {'warm (s)':>9s}  <= 2 s")
     worst = 0.0
     for name, page, params in pages:
         st.cache_data.clear()
+        readers._table_cache.clear()  # and the store's per-process caches: a fresh app's first visit
+        readers._images_cache.clear()
         cold = render(main_file, page, params)
         warm = float(np.median([render(main_file, page, params) for _ in range(args.repeats)]))
         worst = max(worst, cold)

@@ -89,7 +89,7 @@ def step_file(store_dir: Path, run_id: str, table: str, step: int) -> Path:
 
 
 def step_files(store_dir: Path, run_id: str, table: str, steps) -> list[str]:
-    """`str(step_file(...))` of each of `steps`, built as strings (a whole run's 800 paths in ~1 ms, not ~30)."""
+    """`str(step_file(...))` of each of `steps`, built as strings: a whole run's paths without a Path object each."""
     folder = os.path.join(run_dir(store_dir, run_id), table)
     return [os.path.join(folder, f"step_{int(step):06d}.parquet") for step in steps]
 

@@ -192,8 +192,12 @@ class TrainConfig:
                                "engine only: vLLM returns top-K log-probs)", bounds=">= 0")
     pruner: str = option("fastrl", "rollout pruner (algo.pruners)")
     pruner_args: dict = option({}, "keyword arguments of the pruner")
-    merge_duplicates: bool = option(True, "prune and update identical completions of a prompt as one rollout counted "
-                                    "m times (exact; the copies skip the log-prob passes and are stored as DUPLICATE)")
+    merge_duplicates: bool = option(True, "prune and score identical completions of a prompt as one rollout counted "
+                                    "m times (the copies skip the log-prob passes and are stored as DUPLICATE)")
+    merge_scope: str = option("minibatch", "where merged copies are counted in the update: 'minibatch' (exact: the "
+                              "unmerged step's mini-batches, identical rows merged inside each) or 'step' (lumped: "
+                              "a row and all its copies in one mini-batch; fewer rows, not exact with several "
+                              "updates a step)")
     keep_ratio: float = option(0.5, "largest fraction of each group the pruner keeps", bounds="(0, 1]")
     min_keep: int = option(2, "smallest number of rollouts kept in a group with informative rollouts", bounds=">= 1")
     row_cost: float | str | None = option(None, "fastrl's keep count from pass costs (algo.costs): null = keep_ratio "
@@ -221,7 +225,7 @@ def choices() -> dict[str, list[str]]:
     registered anywhere counts): the help texts and the config check's "valid:" lists both come from here."""
     from fastrl_core.algo.advantages import ADVANTAGES
     from fastrl_core.algo.budgets import BUDGETS
-    from fastrl_core.algo.minibatches import GROUPINGS, MINIBATCH_MODES
+    from fastrl_core.algo.minibatches import GROUPINGS, MERGE_SCOPES, MINIBATCH_MODES
     from fastrl_core.algo.objectives import POLICY_LOSSES
     from fastrl_core.algo.pruners import PRUNERS
     from fastrl_core.algo.sketches import SKETCHES
@@ -231,7 +235,7 @@ def choices() -> dict[str, list[str]]:
     return {"objective": POLICY_LOSSES.names(), "advantage": ADVANTAGES.names(), "pruner": PRUNERS.names(),
             "budget": BUDGETS.names(), "sketch": [*SKETCHES.names(), AUTO], "engine": [*sorted(ENGINES), AUTO],
             "template": sorted(TEMPLATES), "minibatch_mode": MINIBATCH_MODES.names(),
-            "minibatch_grouping": list(GROUPINGS)}
+            "minibatch_grouping": list(GROUPINGS), "merge_scope": list(MERGE_SCOPES)}
 
 
 def field_help() -> dict[str, str]:

@@ -36,6 +36,9 @@ FIXED_ON_RESUME: dict[str, str] = {key: why for keys, why in (
     (("sketch_dim",), "a run stores sketches of one length"),
 ) for key in keys}
 NOT_COMPARED = ("store_dir",)
+# keys added since a run may have been recorded, with the value such a run ran under (not today's default): a resume
+# continues it as it ran
+BEFORE_THE_KEY: dict[str, object] = {"merge_scope": "step"}
 
 
 def resume_command(store_dir: str | Path, run_id: str) -> str:
@@ -67,6 +70,7 @@ def load_resume_config(path: str | Path | None, overrides: list[str], run_id: st
     name, else the default)."""
     store_dir = read_config(path, overrides)[0].store_dir
     record = {key: value for key, value in recorded_config(store_dir, run_id).items() if key not in NOT_COMPARED}
+    record = {**BEFORE_THE_KEY, **record}
     return load_config(path, overrides, base=record, base_source=f"run {run_id}'s record")
 
 

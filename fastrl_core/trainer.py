@@ -50,7 +50,7 @@ from fastrl_core.algo.budgets import budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
 from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
 from fastrl_core.algo.groups import GroupBatch, Reason
-from fastrl_core.algo.minibatches import minibatch_plan
+from fastrl_core.algo.minibatches import Minibatch, minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
 from fastrl_core.algo.pruners import PRUNERS
 from fastrl_core.algo.sketches import make_projection, token_sketch
@@ -145,8 +145,8 @@ def step_seed(seed: int, step: int) -> int:
 @dataclass
 class _UpdateBatch:
     """What the update (step 8) reads of a step: its problems and rollouts, the kept rollout indices (K,), the old
-    and reference log-probs of the kept rows (K, T), and per rollout (N,) advantages, pruner loss weights and
-    multiplicities (None: no merged duplicates)."""
+    and reference log-probs of the kept rows (K, T), and per rollout (N,) advantages and pruner loss weights (each
+    mini-batch carries its rows' copy counts: algo.minibatches.Minibatch)."""
 
     problems: list
     rollouts: Rollouts
@@ -155,7 +155,6 @@ class _UpdateBatch:
     ref_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     weights: torch.Tensor
-    multiplicity: torch.Tensor | None
 
 
 class Trainer:
@@ -297,19 +296,18 @@ class Trainer:
         with timer.phase("update"):
             for group in self.optimizer.param_groups:
                 group["lr"] = config.lr * min(1.0, (step + 1) / max(1, config.warmup_steps))
-            distinct = (torch.arange(len(group_ids)) if duplicates is None
-                        else duplicates.unique)  # (D,) ascending; holds every kept row
             minibatches = minibatch_plan(
-                decision.keep_mask[distinct], updates=config.updates_per_step, mode=config.minibatch_mode,
+                decision.keep_mask, updates=config.updates_per_step, mode=config.minibatch_mode,
                 full_rows=config.prompts_per_step * config.rollouts_per_prompt,
                 generator=torch.Generator().manual_seed(seed + 2),
-                groups=group_ids[distinct] if config.minibatch_grouping == "prompts" else None)
+                groups=group_ids if config.minibatch_grouping == "prompts" else None,
+                representative=None if duplicates is None else duplicates.representative,
+                merge_scope=config.merge_scope)
             if minibatches:
                 model.train()
             per_update = []
-            update = _UpdateBatch(problems, rollouts, kept, old_logprobs, ref_logprobs, advantages, decision.weights,
-                                  None if duplicates is None else duplicates.multiplicity)
-            for batch in minibatches:  # batch indexes `kept`
+            update = _UpdateBatch(problems, rollouts, kept, old_logprobs, ref_logprobs, advantages, decision.weights)
+            for batch in minibatches:  # batch.rows index `kept`
                 self.optimizer.zero_grad(set_to_none=True)
                 per_update.append(self._backward(update, batch))
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -317,6 +315,7 @@ class Trainer:
             if per_update:  # unweighted mean over the step's mini-batches
                 metrics = {k: sum(u[k] for u in per_update) / len(per_update) for k in per_update[0]}
             metrics["updates"] = len(minibatches)  # optimiser steps taken
+            metrics["update_rows"] = sum(len(batch.rows) for batch in minibatches)  # rows through the update's passes
             self.engine.sync_weights(model)
 
         # 9. record
@@ -359,30 +358,34 @@ class Trainer:
         self.step += 1
         return {"step": step, **rows.step_row}
 
-    def _backward(self, update: _UpdateBatch, rows: torch.Tensor) -> dict[str, float]:
-        """Gradients of one mini-batch's loss into `.grad`: kept rows `rows` (indexes `update.kept`). With
-        `update_rows`, in parts of that many rows, each part's loss counting the mini-batch's other rows as absent (`policy_loss(absent_mask=...)`), so
+    def _backward(self, update: _UpdateBatch, batch: Minibatch) -> dict[str, float]:
+        """Gradients of one mini-batch's loss into `.grad`: kept rows `batch.rows` (index `update.kept`), each
+        counted `batch.counts` times (merged copies in this mini-batch). With `update_rows`, in parts of that many
+        rows, each part's loss counting the mini-batch's other rows as absent (`policy_loss(absent_mask=...)`), so
         the parts' losses sum to the whole mini-batch's and so do their gradients. Returns the loss and the loss's
         metrics (over parts: weighted by response tokens)."""
         config, rollouts, on = self.config, update.rollouts, self.policy.model.device
         mask = rollouts.completion_mask
-        parts = rows.split(config.update_rows) if config.update_rows else (rows,)
-        counts = torch.ones(len(mask)) if update.multiplicity is None else update.multiplicity.float()  # (N,)
+        positions = torch.arange(len(batch.rows))
+        parts = positions.split(config.update_rows) if config.update_rows else (positions,)
+        counts = torch.ones(len(batch.rows)) if batch.counts is None else batch.counts.float()  # (k,)
+        merged = batch.counts is not None
         results = []  # (loss, metrics, response tokens) per part
         for part in parts:
-            others = update.kept[rows[~torch.isin(rows, part)]]  # rollout indices
-            index = update.kept[part]
+            others = positions[~torch.isin(positions, part)]
+            index, absent = update.kept[batch.rows[part]], update.kept[batch.rows[others]]  # rollout indices
             logprobs = self.engine.token_logprobs(self.policy.model, update.problems, rollouts, index)
-            out = policy_loss(config.objective, logprobs, update.old_logprobs[part].to(on),
+            rows = batch.rows[part]
+            out = policy_loss(config.objective, logprobs, update.old_logprobs[rows].to(on),
                               update.advantages[index].to(on), mask[index].to(on),
-                              ref_logprobs=None if update.ref_logprobs is None else update.ref_logprobs[part].to(on),
+                              ref_logprobs=None if update.ref_logprobs is None else update.ref_logprobs[rows].to(on),
                               rollout_weights=update.weights[index].to(on),
-                              rollout_counts=None if update.multiplicity is None else counts[index].to(on),
-                              absent_mask=mask[others].to(on),  # (0, T) with one part
-                              absent_counts=None if update.multiplicity is None else counts[others].to(on),
+                              rollout_counts=counts[part].to(on) if merged else None,
+                              absent_mask=mask[absent].to(on),  # (0, T) with one part
+                              absent_counts=counts[others].to(on) if merged else None,
                               **self.loss_args)
             out.loss.backward()
-            results.append((out.loss.item(), out.metrics, float((mask[index].sum(-1) * counts[index]).sum())))
+            results.append((out.loss.item(), out.metrics, float((mask[index].sum(-1) * counts[part]).sum())))
         if len(results) == 1:
             return {"loss": results[0][0], **{key: float(value) for key, value in results[0][1].items()}}
         tokens = max(sum(t for _, _, t in results), 1.0)

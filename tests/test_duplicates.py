@@ -111,3 +111,38 @@ def test_trainer_merges_copies_losslessly_and_records_every_rollout(tmp_path):
     assert (merged.loc[~copies, "weight"] == 1.0).all() and (merged.loc[copies, "weight"] == 0.0).all()
     for key in ("loss", "kl", "clip_fraction"):
         assert float(merged_step[key].iloc[0]) == pytest.approx(float(plain_step[key].iloc[0]), rel=1e-4, abs=1e-6)
+
+
+def _one_grpo_step(store, overrides):
+    """The policy's parameters before and after one step of plain GRPO (pruner none) of the embedded config."""
+    from fastrl_core.run_config import load_config
+    from fastrl_core.trainer import Trainer
+
+    base = {"store_dir": str(store), "steps": 1, "prompts_per_step": 8, "rollouts_per_prompt": 6, "eval_every": 0,
+            "checkpoint_every": 0, "threads": 1, "synthetic_train": 64, "synthetic_test": 8, "pruner": "none",
+            "budget": "fixed", "seed": 3, "lr": 5e-4, "warmup_steps": 1, **overrides}
+    trainer = Trainer(load_config("embedded", [f"{k}={v}" for k, v in base.items()]), progress=False)
+    start = torch.cat([p.detach().flatten().clone() for p in trainer.policy.model.parameters()])
+    row = trainer.train_step()
+    trainer.writer.finish()
+    return start, torch.cat([p.detach().flatten() for p in trainer.policy.model.parameters()]), row
+
+
+@pytest.mark.parametrize("mode", ["equal_updates", "fixed_size"])
+@pytest.mark.parametrize("objective", ["grpo", "dapo", "dr_grpo", "gspo", "gspo_token"])
+def test_merged_step_with_four_updates_is_the_unmerged_step(tmp_path, objective, mode):
+    """merge_scope=minibatch (the default): a merged GRPO step with 4 PPO updates moves the policy where the
+    unmerged step does, to float rounding (|Δθ| <= 1e-3 of the update; measured ~1e-6), for token- and
+    sequence-level losses, a KL term and both mini-batch modes; the lumped merge (scope step) does not."""
+    settings = {"updates_per_step": 4, "minibatch_mode": mode, "objective": objective,
+                "objective_args.beta": 0.0 if objective.startswith("gspo") else 0.02}
+    start, plain, plain_row = _one_grpo_step(tmp_path / "plain", {**settings, "merge_duplicates": False})
+    _, merged, merged_row = _one_grpo_step(tmp_path / "merged", {**settings, "merge_duplicates": True})
+    update = float((plain - start).norm())
+    assert update > 0 and plain_row["updates"] == merged_row["updates"] >= 2
+    assert merged_row["rollouts_merged"] > 0  # there were copies to merge
+    assert float((merged - plain).norm()) <= 1e-3 * update
+    assert merged_row["update_rows"] < plain_row["update_rows"]  # still fewer rows through the update
+    if (objective, mode) == ("grpo", "equal_updates"):
+        _, lumped, _ = _one_grpo_step(tmp_path / "lumped", {**settings, "merge_scope": "step"})
+        assert float((lumped - plain).norm()) > 0.05 * update  # the lumped merge is another step (0.83 in NOTES §9)

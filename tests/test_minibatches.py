@@ -95,7 +95,7 @@ def test_the_plan_splits_only_kept_rows(mode):
     keep = torch.tensor([True, False] * 20)
     plan = minibatch_plan(keep, updates=4, mode=mode, full_rows=128, generator=torch.Generator().manual_seed(1))
     same = minibatch_indices(20, updates=4, mode=mode, full_rows=128, generator=torch.Generator().manual_seed(1))
-    assert [b.tolist() for b in plan] == [c.tolist() for c in same]
+    assert [b.rows.tolist() for b in plan] == [c.tolist() for c in same]
 
 
 # ---- minibatch_grouping=prompts: whole prompts permuted, rows of a prompt together ----------------------------------
@@ -143,8 +143,82 @@ def test_grouped_plan_takes_the_kept_rows_groups_and_checks_their_shape():
     plan = minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=8,
                           generator=torch.Generator().manual_seed(0), groups=groups)
     kept_groups = groups[keep]  # (6,) prompts of the kept rows 0..5
-    assert sorted(torch.cat(plan).tolist()) == list(range(6))
-    assert sum(len(kept_groups[b].unique()) for b in plan) <= 3 + 1
+    assert sorted(torch.cat([b.rows for b in plan]).tolist()) == list(range(6))
+    assert sum(len(kept_groups[b.rows].unique()) for b in plan) <= 3 + 1
     with pytest.raises(ValueError, match="groups must have the keep mask's shape"):
         minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=8,
                        generator=torch.Generator().manual_seed(0), groups=groups[:5])
+
+
+# ---- merged duplicates: the exact plan is the unmerged plan with identical rows merged per mini-batch -------------
+
+from fastrl_core.algo.minibatches import Minibatch  # noqa: E402
+
+
+def _classes(n, seed):
+    """A random step of n rollouts: each rollout's representative (lowest index of its class), and a keep mask
+    that keeps some representatives only (never a copy)."""
+    generator = torch.Generator().manual_seed(seed)
+    klass = torch.randint(0, max(1, n // 3), (n,), generator=generator)
+    first = {}
+    representative = torch.tensor([first.setdefault(int(c), i) for i, c in enumerate(klass.tolist())])
+    is_rep = representative == torch.arange(n)
+    keep = is_rep & (torch.rand(n, generator=generator) < 0.8)
+    return representative, keep
+
+
+@pytest.mark.parametrize("mode", sorted(MINIBATCH_MODES.names()))
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_merge_plan_is_the_unmerged_plan_merged_inside_each_minibatch(mode, grouped, seed):
+    """merge_scope='minibatch': expanding each mini-batch's rows by their counts gives, as a multiset of classes,
+    exactly the mini-batch the unmerged step (every copy a row of its own, kept when its representative is) draws
+    from the same generator."""
+    from fastrl_core.algo.minibatches import minibatch_plan
+
+    n = 48
+    representative, keep = _classes(n, seed)
+    groups = torch.arange(n) // 6 if grouped else None
+    unmerged_keep = keep[representative]
+    unmerged = minibatch_plan(unmerged_keep, updates=4, mode=mode, full_rows=n,
+                              generator=torch.Generator().manual_seed(seed), groups=groups)
+    merged = minibatch_plan(keep, updates=4, mode=mode, full_rows=n, generator=torch.Generator().manual_seed(seed),
+                            groups=groups, representative=representative, merge_scope="minibatch")
+    assert len(merged) == len(unmerged) >= 2
+    kept, unmerged_kept = keep.nonzero().squeeze(1), unmerged_keep.nonzero().squeeze(1)
+    for plain, batch in zip(unmerged, merged):
+        assert batch.counts is not None and bool((batch.counts >= 1).all()) and bool((batch.rows.diff() > 0).all())
+        expected = sorted(representative[unmerged_kept[plain.rows]].tolist())
+        got = sorted(kept[batch.rows].repeat_interleave(batch.counts).tolist())
+        assert got == expected
+    assert sum(int(b.counts.sum()) for b in merged) == int(unmerged_keep.sum())  # every copy once
+
+
+@pytest.mark.parametrize("mode", sorted(MINIBATCH_MODES.names()))
+def test_lumped_merge_plan_puts_a_row_and_all_its_copies_in_one_minibatch(mode):
+    """merge_scope='step' (the lumped merge): the plan over the kept rows alone, each with its whole multiplicity;
+    without duplicates both scopes are the plain plan."""
+    from fastrl_core.algo.minibatches import minibatch_plan
+
+    representative, keep = _classes(48, 3)
+    kept = keep.nonzero().squeeze(1)
+    plain = minibatch_plan(keep, updates=4, mode=mode, full_rows=48, generator=torch.Generator().manual_seed(1))
+    lumped = minibatch_plan(keep, updates=4, mode=mode, full_rows=48, generator=torch.Generator().manual_seed(1),
+                            representative=representative, merge_scope="step")
+    multiplicity = torch.bincount(representative, minlength=48)
+    assert [b.rows.tolist() for b in lumped] == [b.rows.tolist() for b in plain]
+    for batch in lumped:
+        assert batch.counts.tolist() == multiplicity[kept[batch.rows]].tolist()
+    assert all(b.counts is None for b in plain) and isinstance(plain[0], Minibatch)
+
+
+def test_merge_plan_refuses_an_unknown_scope_and_a_misshapen_representative():
+    from fastrl_core.algo.minibatches import minibatch_plan
+
+    keep = torch.ones(6, dtype=torch.bool)
+    with pytest.raises(ValueError, match="merge_scope"):
+        minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=6, generator=torch.Generator(),
+                       representative=torch.arange(6), merge_scope="epoch")
+    with pytest.raises(ValueError, match="representative"):
+        minibatch_plan(keep, updates=2, mode="equal_updates", full_rows=6, generator=torch.Generator(),
+                       representative=torch.arange(5))

@@ -246,11 +246,13 @@ def test_several_updates_per_step_follow_the_minibatch_mode(tmp_path, monkeypatc
 
     monkeypatch.setattr(trainer_module, "policy_loss", recording_loss)
     row = trainer.train_step()
-    assert row["updates"] == expected_updates(row["rollouts_kept"]) == len(calls) >= 2, row
+    slots = row["rollouts_kept"] + row["rollouts_merged"]  # the exact merge plans over every copy of a kept row
+    assert row["updates"] == expected_updates(slots) == len(calls) >= 2, row
     drift = [float((logprobs - old).abs().max()) for logprobs, old in calls]
     assert drift[0] < 1e-4  # first update: on-policy up to generate-vs-forward numerics (NOTES §2)
     assert min(drift[1:]) > 1e-3, drift  # later ones: the policy has moved, the old log-probs have not
-    assert sum(len(old) for _, old in calls) == row["rollouts_kept"]  # every kept rollout in one mini-batch
+    # a kept row is in each mini-batch that holds one of its copies: at least once, at most once per copy
+    assert row["rollouts_kept"] <= sum(len(old) for _, old in calls) == row["update_rows"] <= slots
 
 
 @pytest.mark.parametrize("grouping", ["rows", "prompts"])
@@ -420,8 +422,12 @@ def test_update_rows_accumulates_the_same_update_in_parts(tmp_path, objective):
     assert parts[5] > parts[0] == 2  # 2 mini-batches, split into parts of <= 5 rows
     (whole, whole_grads, whole_params), (split, split_grads, split_params) = runs[0], runs[5]
     assert whole["rollouts_kept"] == split["rollouts_kept"] and whole["updates"] == split["updates"] == 2
-    for key in ("loss", "kl", "clip_fraction"):
+    for key in ("loss", "kl"):
         assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    # GSPO clips a sequence's ratio at 1 +- 3e-4: after the first update, summation-order noise (~1e-6) can move a
+    # sequence across that edge, so its clip fraction may differ by a sequence's share of the tokens
+    assert split["clip_fraction"] == pytest.approx(whole["clip_fraction"], rel=1e-5,
+                                                   abs=1e-3 if objective.startswith("gspo") else 1e-7)
     for name, grad in whole_grads.items():  # the second mini-batch's: after one AdamW step from ~equal weights
         torch.testing.assert_close(split_grads[name], grad, rtol=1e-4, atol=1e-7)
     for name, value in whole_params.items():

@@ -5,7 +5,9 @@ every forward pass, so they have the same log-probs under the policy, the old an
 reward and advantage, and hence the same policy-gradient and KL terms. A batch in which such a class of m copies is
 replaced by one representative counted m times (`policy_loss(..., rollout_counts=m)`) has the same loss and
 gradient to float precision (tests/test_objectives.py checks every loss, KL on and off), while the reference / old
-log-prob passes and the update run on the representatives only. The tiny shipped policy repeats itself a lot
+log-prob passes run on the representatives only. With several PPO updates a step the copies must still go to the
+mini-batches they would have gone to unmerged: `algo.minibatches.minibatch_plan` (merge_scope) sees to that, and the
+update runs each representative once per mini-batch that holds any of its copies. The tiny shipped policy repeats itself a lot
 (35–44 % of within-group pairs are identical, NOTES §7); a 7B model writing long reasoning rarely does.
 """
 

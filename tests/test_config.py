@@ -361,6 +361,19 @@ def test_vllm_runs_on_cpu_and_cuda_only():
     assert load_config(None, VLLM).engine == "vllm"
 
 
+def test_sketch_auto_picks_the_top_k_vllm_can_return():
+    """The paper config asks for the whole vocabulary (sketch_top_k: 0), which vLLM cannot return: with sketch=auto
+    vLLM's own top-K is taken and recorded; a top-K given, or on HF, stays; a sketch named explicitly is refused."""
+    config = load_config("paper", ["engine=vllm", "device=cpu"])
+    assert (config.sketch, config.sketch_kind, config.sketch_top_k) == ("logprob", "logprob", ENGINES["vllm"].auto_top_k)
+    assert ENGINES["vllm"].auto_top_k == 20
+    assert resolve_config(config) == config  # the record resolves to itself on resume
+    assert load_config("paper", ["engine=vllm", "device=cpu", "sketch_top_k=5"]).sketch_top_k == 5
+    assert load_config("paper", ["engine=hf"]).sketch_top_k == 0  # exact on HF
+    with pytest.raises(ConfigError, match="sketch_top_k=0 with engine='vllm'"):
+        load_config("paper", ["engine=vllm", "device=cpu", "sketch=logprob"])
+
+
 def test_the_vllm_engine_does_not_replace_a_zero_top_k():
     from fastrl_core.engines.vllm import VLLMEngine
 

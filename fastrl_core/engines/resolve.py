@@ -9,7 +9,8 @@ Pure: imports neither transformers nor vLLM, so the config check (`fastrl_core.r
 
 `engine=auto` picks one per run (`choose_engine`, one log line naming the choice and why). `sketch=auto` (the
 default) is the engine's own gradient sketch: `lm_head` and `logprob` agree to 0.001 in cosine to the full update
-(docs/results.md, "Sketches"), so with it the engine is chosen for speed alone.
+(docs/results.md, "Sketches"), so with it the engine is chosen for speed alone. On vLLM it also takes the engine's own
+`sketch_top_k` (20) where the config's is 0, the whole vocabulary, which vLLM cannot return (`auto_top_k`).
 
 `lm_head` needs the last hidden states, which vLLM does not return; `logprob` needs top-K log-probs, which the HF
 engine does not collect (it has the logits and hidden states, i.e. the richer `lm_head` sketch). `tokens` is
@@ -29,12 +30,16 @@ class EngineSpec:
     gradient_sketch: str  # what `sketch=auto` means on it: its projected output-layer gradient sketch
     same_numerics: bool  # its behaviour log-probs equal the trainer's forward, so the old pass can be skipped
     needs_top_k: bool  # its sketches need sketch_top_k >= 1 (it cannot return the whole vocabulary's log-probs)
+    auto_top_k: int  # sketch_top_k that `sketch=auto` takes on it when the config's cannot be honoured (0: none)
     devices: tuple[str, ...] | None  # torch device types the trainer's policy may be on (None: any)
 
 
 ENGINES: dict[str, EngineSpec] = {
-    "hf": EngineSpec(frozenset({"lm_head", "tokens"}), "lm_head", same_numerics=True, needs_top_k=False, devices=None),
-    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), "logprob", same_numerics=False, needs_top_k=True, devices=("cpu", "cuda")),
+    "hf": EngineSpec(frozenset({"lm_head", "tokens"}), "lm_head", same_numerics=True, needs_top_k=False, auto_top_k=0,
+                     devices=None),
+    # top-20 log-probs: the logprob sketch agrees with the full update to 0.001 in cosine (docs/results.md, "Sketches")
+    "vllm": EngineSpec(frozenset({"logprob", "tokens"}), "logprob", same_numerics=False, needs_top_k=True,
+                       auto_top_k=20, devices=("cpu", "cuda")),
 }
 AUTO = "auto"  # config value of engine (choose_engine decides) and of sketch (the engine's gradient_sketch)
 # Where `auto` takes vLLM on CPU: text hidden size >= CPU_VLLM_MIN_HIDDEN and vocabulary <= CPU_VLLM_MAX_VOCAB.
@@ -86,6 +91,16 @@ def resolve_sketch(engine: str, sketch: str, sketch_top_k: int, pruner: str) -> 
 def sketch_name(engine: str, sketch: str) -> str:
     """`sketch` as the run computes it on `engine`: itself, or for `auto` the engine's own gradient sketch."""
     return engine_spec(engine).gradient_sketch if sketch == AUTO else sketch
+
+
+def auto_top_k(engine: str, sketch: str, sketch_top_k: int) -> int | None:
+    """The sketch_top_k `sketch=auto` takes on `engine` when the config's cannot be honoured there (0, the whole
+    vocabulary, on vLLM, which returns top-K log-probs only): the engine's `auto_top_k`. None: keep the config's
+    (a sketch named explicitly is never changed; `resolve_sketch` rejects what it cannot do)."""
+    spec = engine_spec(engine)
+    if sketch == AUTO and spec.needs_top_k and sketch_top_k < 1:
+        return spec.auto_top_k
+    return None
 
 
 def resolve_recompute_old_logprobs(engine: str, value: bool | None) -> bool:

@@ -1,7 +1,7 @@
 """Where the fixed seconds of a step go: the parts of the update and of the two scoring passes that do not fall
 with the rows kept, taken apart on a real step of a config (default `paper-wide`: GRPO on embedded-wide, vLLM).
 
-    .venv/bin/python benchmarks/bench_fixed_costs.py [--config paper-wide] [--warmup 2] [--repeats 5]
+    .venv/bin/python benchmarks/bench_fixed_costs.py [--config paper-wide] [--warmup 2] [--repeats 5] [key=value ...]
 
 Trains `--warmup` GRPO steps (pruner none, budget fixed) so the policy, the optimiser state and the engine are warm,
 samples one more step's rollouts, then times each part on them, the median of `--repeats` (wall and process CPU
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 ROWS = (1, 8, 32)  # rows per call for the intercept fits (a step of paper-wide passes ~40 distinct rows)
-GRPO = ["pruner=none", "budget=fixed", "eval_every=0", "checkpoint_every=0"]
+GRPO = ["pruner=none", "budget=fixed", "eval_every=0", "eval_samples=0", "checkpoint_every=0"]
 
 
 def timed(function, repeats: int) -> tuple[float, float]:
@@ -62,13 +62,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="paper-wide")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the config (e.g. threads=1)")
     args = parser.parse_args(argv)
     from fastrl_core.algo.objectives import policy_loss
     from fastrl_core.run_config import load_config
     from fastrl_core.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as store:
-        config = load_config(args.config, [*GRPO, f"store_dir={store}", f"steps={args.warmup + 1}"])
+        config = load_config(args.config, [*args.overrides, *GRPO, f"store_dir={store}",
+                                            f"steps={args.warmup + 1}"])
         trainer = Trainer(config, progress=False)
         for _ in range(args.warmup):
             trainer.train_step()

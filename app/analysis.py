@@ -1,7 +1,7 @@
 """Pure page helpers: DataFrames in, DataFrames or labels out (no Streamlit, no I/O).
 
 The figures themselves (accuracy curves, final accuracy, speed-ups, intervals, seconds per phase) are defined once
-in `fastrl_core.metrics`, which the bench and the README use too; this module only shapes data for the pages."""
+in `fastrl_app.metrics`, which the bench and the README use too; this module only shapes data for the pages."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ FATES = ("kept", "merged", "pruned")  # what became of a sampled rollout: the sp
 
 
 def fates(rollouts: pd.DataFrame) -> pd.Series:
-    """Each rollout's part of the split (`fastrl_core.savings`): "kept", "merged" (a copy of an identical completion
+    """Each rollout's part of the split (`fastrl_app.savings`): "kept", "merged" (a copy of an identical completion
     of its group, merged into it: recorded with reason DUPLICATE) or "pruned" (by the method's own rule). Stores
     written before 2026-12-07 recorded a copy of a pruned answer under that answer's reason: there it reads pruned."""
     merged = rollouts["reason"].map(lambda r: isinstance(r, str) and r.upper() == DUPLICATE).astype(bool)
@@ -305,7 +305,7 @@ def paired_baseline(runs: pd.DataFrame, run_id: str) -> tuple[str | None, str]:
     first, and trained interleaved with it (both named as bench runs, `bench-<method>-seed<seed>`: only `fastrl
     bench` and `fastrl demo` write such runs, and both train their methods step by step in one process); else
     (None, why not)."""
-    from fastrl_core import metrics
+    from fastrl_app import metrics
 
     labels = metrics.run_labels(runs).set_index("run_id", drop=False)
     names = runs.set_index("run_id")["name"]

@@ -6,7 +6,7 @@ every method alike instead of faking a difference. Each method is evaluated ever
 timed region (as `fastrl train`), and each phase's process CPU seconds are stored beside its wall-clock seconds
 (`cpu_<phase>` columns, see `PhaseTimer`). The figures (final accuracy, the paper's step speed-up, time-to-target
 speed-up, area under the accuracy-time curve, time per step, rollouts, seconds per phase) and their 95 % intervals
-over seeds come from `fastrl_core.metrics`, the module the dashboard's Runs page uses too.
+over seeds come from `fastrl_app.metrics`, the module the dashboard's Runs page uses too.
 
 Resuming: a (method, seed) whose run in `--store` is finished with the same config (run name
 `bench-<method>-seed<seed>`) is not trained again; an unfinished one is trained again from scratch (its old run is
@@ -25,7 +25,7 @@ import json
 import math
 from pathlib import Path
 
-from fastrl_core import metrics
+from fastrl_app import metrics
 from fastrl_core.methods import METHODS  # name -> overrides, from fastrl_core/configs/methods.yaml
 from fastrl_core.run_config import RunConfig, load_config
 from fastrl_core.shipped import config_names
@@ -149,7 +149,7 @@ def train_interleaved(configs: dict[str, RunConfig], log=print, *, progress: boo
 
 # ----------------------------------------------------------------------------------------------- report
 def collect(store: Path, run_ids: dict[tuple[str, int], str], split: str):
-    """(per-run table, per-method summary, curves, steps rows) of the bench's runs, by `fastrl_core.metrics`."""
+    """(per-run table, per-method summary, curves, steps rows) of the bench's runs, by `fastrl_app.metrics`."""
     import pandas as pd
 
     from fastrl_core.store import read_evals, read_runs, read_steps

@@ -22,7 +22,8 @@ import pandas as pd
 import streamlit as st
 
 from fastrl_app.projection import Projection, SketchMap
-from fastrl_core import metrics, store
+from fastrl_app import metrics
+from fastrl_core import store
 
 
 def store_dir() -> Path:
@@ -121,7 +122,7 @@ def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple, sampl
 def comparison(run_ids: list[str] | tuple[str, ...], *, sampled: bool = False, one_per_seed: bool = True
                ) -> Comparison:
     """(per-run figures, per-method summary with intervals, evaluation curves with run_id and method, runs left
-    out) of these runs, from `fastrl_core.metrics` (the bench's definitions), one run per method and seed (the
+    out) of these runs, from `fastrl_app.metrics` (the bench's definitions), one run per method and seed (the
     newest: `metrics.one_run_per_seed`; every run with `one_per_seed=False`, to set chosen runs side by side), on each run's greedy eval split or, with `sampled`, its mean@k split
     ("<split>-sampled", runs with eval_samples); re-read when a run has a new step, else every 3 s."""
     run_ids = tuple(run_ids)

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from fastrl_app.analysis import FATES, fates, reason_label
 from fastrl_app.palette import DECISION_COLOURS, SPLIT_COLOURS, method_colour
-from fastrl_core.savings import SPLIT_LABELS, SPLIT_PARTS
+from fastrl_app.savings import SPLIT_LABELS, SPLIT_PARTS
 
 PHASE_COLOURS = px.colors.qualitative.Set2
 

@@ -1,7 +1,7 @@
 """The Demo page as one self-contained HTML file (`fastrl report --store DIR --out demo.html`, and the Demo page's
 button): the same three sections, figures inline with plotly.js embedded once, the pruned group's image as a data
 URL, and the caveats; nothing is fetched when it is opened, so it opens offline. Reads the store directly (no
-Streamlit), with the page's own helpers (app.analysis, app.charts, fastrl_core.metrics)."""
+Streamlit), with the page's own helpers (app.analysis, app.charts, fastrl_app.metrics)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pandas as pd
 from markdown_it import MarkdownIt
 
 from fastrl_app import analysis, charts, palette
-from fastrl_core import metrics, savings, store
+from fastrl_app import metrics, savings
+from fastrl_core import store
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{margin-bottom:0}.caption{color:#666;font-size:.9em}.metrics{display:flex;gap:2em;flex-wrap:wrap}

@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from fastrl_core import metrics, store
+from fastrl_app import metrics
+from fastrl_core import store
 from fastrl_core.store import PHASES, StepRecord, image_key, step_rows, summary
 
 REAL = {"steps": 800, "prompts": 64, "tokens": 512, "problems": 2101}  # the paper's Geometry3K run

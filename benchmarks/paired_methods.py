@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fastrl_core import metrics, store
+from fastrl_app import metrics
+from fastrl_core import store
 
 FIGURES = {"final_accuracy": 100.0, "gain_at_equal_time": 100.0, "gain_at_equal_rollouts": 100.0,
            "train_seconds": 1.0}  # key -> unit scale

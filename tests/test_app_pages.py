@@ -1,7 +1,7 @@
 """The dashboard: page helpers, the PCA / background-UMAP map, and every page under AppTest.
 
 Every page is rendered on a store made by a real tiny bench (`python -m fastrl_app.cli bench`: GRPO and FastRL,
-two seeds each, interleaved) and checked against what the store's readers and `fastrl_core.metrics` return. Exact
+two seeds each, interleaved) and checked against what the store's readers and `fastrl_app.metrics` return. Exact
 figures (speed-ups, final accuracy) are checked on a second store written through RunWriter as a bench would (two
 seeds per method, bench run names), whose evaluations are placed so the answers are known by hand; its rows are
 the store's synthetic steps with a real keep rule applied (zero advantage -> ZERO_ADVANTAGE, beyond the top-4 |A|
@@ -28,8 +28,9 @@ from streamlit.testing.v1 import AppTest
 import fastrl_app
 from fastrl_app import analysis
 from fastrl_app.projection import MIN_UMAP_POINTS, SketchMap, pca_2d
-from fastrl_core import metrics as core_metrics
-from fastrl_core import savings, store
+from fastrl_app import metrics as core_metrics
+from fastrl_app import savings
+from fastrl_core import store
 from fastrl_core.store.fake_runs import fake_step, prompt_png
 
 MAIN = str(Path(fastrl_app.__file__).parent / "main.py")
@@ -45,7 +46,7 @@ EVALS = {("grpo", 0): [(0, 0.30), (4, 0.40), (8, 0.50), (12, 0.60)],
          ("grpo", 1): [(0, 0.30), (4, 0.50), (8, 0.50), (12, 0.50)],
          ("fastrl", 0): [(0, 0.30), (4, 0.45), (8, 0.62), (12, 0.66)],
          ("fastrl", 1): [(0, 0.30), (4, 0.60), (8, 0.60), (12, 0.60)]}
-# By hand (fastrl_core.metrics): GRPO's finals (0.4+0.5+0.6)/3 = 0.5 and 0.5, acc0 0.3, target 0.3 + 0.9 * 0.2 = 0.48.
+# By hand (fastrl_app.metrics): GRPO's finals (0.4+0.5+0.6)/3 = 0.5 and 0.5, acc0 0.3, target 0.3 + 0.9 * 0.2 = 0.48.
 # Trailing means of up to 3 evaluations after step 0 first reach it: GRPO seed 0 at step 12 (12 s), seed 1 at step
 # 4 (4 s); FastRL seed 0 at step 8 (0.535; 4 s), seed 1 at step 4 (2 s): speed-ups 3 and 2, geometric mean sqrt(6).
 # 12 steps take 12 s vs 6 s: step speed-up 2 in both seeds. FastRL's finals 0.5767 and 0.6: mean 0.5883.

@@ -11,7 +11,8 @@ import pytest
 
 from fastrl_app import bench
 from fastrl_app.cli import main
-from fastrl_core import metrics, store
+from fastrl_app import metrics
+from fastrl_core import store
 from fastrl_core.store import layout
 
 TINY = ["steps=3", "eval_every=2", "eval_size=8", "synthetic_train=32", "synthetic_test=8", "prompts_per_step=4",

@@ -161,3 +161,39 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
             if taken and taken not in names[imported]:
                 wrong.append(f"{path.relative_to(REPO)}:{line}: {taken} from {imported}")
     assert not wrong, "names imported from a module that does not define them:\n" + "\n".join(wrong)
+
+
+# import name -> distribution, where they differ
+DISTRIBUTIONS = {"PIL": "pillow", "yaml": "pyyaml", "math_verify": "math-verify", "umap": "umap-learn",
+                 "markdown_it": "markdown-it-py"}
+# modules whose own extra declares what they import at module level (the rest of the package needs the core's)
+EXTRA_OF = {"fastrl_core.integrations.trl": "trl"}
+
+
+def _declared() -> dict[str, set[str]]:
+    """pyproject.toml: "core" and each extra -> the distribution names it declares."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    name = lambda requirement: re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower()  # noqa: E731
+    return {"core": {name(r) for r in project["dependencies"]},
+            **{extra: {name(r) for r in rs} for extra, rs in project["optional-dependencies"].items()}}
+
+
+def test_every_module_level_import_is_declared_where_the_module_ships():
+    """A third-party package a module imports at load is declared by the core's dependencies (fastrl_core) or by the
+    core's and the `app` extra (fastrl_app), or by the module's own extra (`EXTRA_OF`). Imports inside functions are
+    optional engines (vLLM, TRL) that say how to install themselves."""
+    declared = _declared()
+    missing = []
+    for module, path in project_modules(PACKAGES).items():
+        extras = ["core"] + (["app"] if module.startswith("fastrl_app") else []) + [EXTRA_OF.get(module, "core")]
+        allowed = set().union(*(declared[extra] for extra in extras))
+        for node in ast.parse(path.read_text()).body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"__future__", *PACKAGES}:
+                if DISTRIBUTIONS.get(top, top).lower() not in allowed:
+                    missing.append(f"{module}: {top} (declared by none of {extras})")
+    assert not missing, "\n".join(missing)

@@ -1,4 +1,4 @@
-"""fastrl_core.metrics: intervals, curves and speed-ups checked against figures computed by hand."""
+"""fastrl_app.metrics: intervals, curves and speed-ups checked against figures computed by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastrl_core import metrics, savings
+from fastrl_app import metrics, savings
 
 T_975_DF1, T_975_DF2 = 12.706204736, 4.302652730  # Student t quantiles from a printed table
 

@@ -59,11 +59,12 @@ print("trl steps", len(read_steps("trl-store", run_id)))
 '''
 
 
-def _run(command: list[str], cwd: Path, timeout: float = 900) -> str:
+def _run(command: list[str], cwd: Path, timeout: float = 900, *, stderr: bool = False) -> str:
+    """The command's stdout (and its stderr after it, with `stderr`); a failure shows both."""
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(map(str, command))} failed ({done.returncode}):\n{done.stdout[-3000:]}" \
                                  f"\n{done.stderr[-3000:]}"
-    return done.stdout
+    return done.stdout + done.stderr if stderr else done.stdout
 
 
 def _free_port() -> int:
@@ -72,18 +73,31 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _build_wheel(tmp: Path) -> Path:
-    """The wheel of a copy of the package's sources (the build writes nothing into the checkout)."""
+def _build_wheel(tmp: Path, *, verbose: bool = False) -> Path:
+    """The wheel of a copy of the package's sources (the build writes nothing into the checkout); `verbose`: the
+    build's own output (setuptools' warnings) is written to tmp/build.log."""
     source = tmp / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     for name in ("fastrl_core", "app"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist"),
-          str(source)], tmp)
+    output = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v" if verbose else "-q",
+                   "-w", str(tmp / "dist"), str(source)], tmp, stderr=True)
+    (tmp / "build.log").write_text(output)
     (wheel,) = (tmp / "dist").glob("fastrl-*.whl")
     return wheel
+
+
+def test_the_build_prints_no_setuptools_deprecation(tmp_path):
+    """pyproject.toml's `license` is an SPDX string (a `{ text = ... }` table made setuptools print its license
+    deprecation at every build, twice at set-up), and the wheel's metadata carries it."""
+    wheel = _build_wheel(tmp_path, verbose=True)
+    log = (tmp_path / "build.log").read_text()
+    assert "running bdist_wheel" in log  # the backend's own output is there
+    assert "Deprecat" not in log, [line for line in log.splitlines() if "eprecat" in line]
+    (metadata,) = [name for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".dist-info/METADATA")]
+    assert "License-Expression: Apache-2.0" in zipfile.ZipFile(wheel).read(metadata).decode()
 
 
 @pytest.mark.slow

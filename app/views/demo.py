@@ -2,14 +2,14 @@
 each run's rollouts went (skipped by the budget, merged as duplicates, pruned by the rule, kept) with only what GRPO
 did not also do credited to FastRL, the budget moving, and the measured speed and accuracy. Those figures come only
 from runs trained interleaved (`fastrl demo`, `fastrl bench`), over every seed there is, with 95 % intervals from
-`fastrl_core.metrics`; where there are none the page says why. Works live and after the fact; the button at the end
+`fastrl_app.metrics`; where there are none the page says why. Works live and after the fact; the button at the end
 writes the page as one HTML file (app.report)."""
 
 import pandas as pd
 import streamlit as st
 
 from fastrl_app import analysis, cached, charts, palette, report, widgets
-from fastrl_core import metrics, savings
+from fastrl_app import metrics, savings
 
 st.title("FastRL beside GRPO")
 runs = widgets.runs_or_wait()

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from fastrl_app import analysis, cached, charts, widgets
-from fastrl_core.savings import SPLIT_LABELS
+from fastrl_app.savings import SPLIT_LABELS
 
 COLOURS = {"kept / merged / pruned": "status", "advantage": "advantage", "correct / wrong": "correct"}
 MAX_POINTS = 8192  # the map's points at most: a wider step range is sampled (whole steps, evenly spaced)

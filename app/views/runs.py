@@ -1,11 +1,11 @@
 """Runs: every run in the store, the methods compared across seeds (mean curve with its band, mean ± interval per
-method, from `fastrl_core.metrics` like `fastrl bench`), and chosen runs side by side."""
+method, from `fastrl_app.metrics` like `fastrl bench`), and chosen runs side by side."""
 
 import pandas as pd
 import streamlit as st
 
 from fastrl_app import analysis, cached, charts, palette, report, widgets
-from fastrl_core import metrics, savings
+from fastrl_app import metrics, savings
 from fastrl_core.store.schema import PHASES
 
 st.title("Runs")

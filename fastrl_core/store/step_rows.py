@@ -17,7 +17,7 @@ Definitions (one place each):
   gives a copy of a pruned row that row's reason, `algo.duplicates.prune_distinct`): in every run a row is kept,
   merged (reason DUPLICATE) or pruned by the rule, the three parts the split below counts. Its representative's row
   holds the rule's reason for the whole class.
-- the split of a step's rollouts (`fastrl_core.savings.rollout_split` reads it), given `nominal_per_prompt` n (the
+- the split of a step's rollouts (`fastrl_app.savings.rollout_split` reads it), given `nominal_per_prompt` n (the
   fixed budget's count, what plain GRPO samples per prompt): `rollouts_nominal` = G·n; `rollouts_skipped` = G·n − N,
   what the budget did not sample; `rollouts_merged`: copies of an identical completion of their group (multiplicity
   0: every method that merges duplicates skips them, whatever the pruner decided about their representative);

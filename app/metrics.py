@@ -39,7 +39,7 @@ interval never goes below zero, and inverting the ratio inverts the interval. Wi
 interval is undefined (NaN), not zero.
 
 The split of each step's rollouts and the saving credited to a method (`rollout_split`, `credited_saving`, ...) live
-in `fastrl_core.savings`.
+in `fastrl_app.savings`.
 """
 
 from __future__ import annotations
@@ -461,8 +461,8 @@ def step_ceilings(costs: pd.DataFrame, step_seconds: float, sampled: float, kept
     return step_seconds / nothing_kept, left
 
 
-# The paper's Table 8 (Geometry3K, Qwen2.5-VL-7B on 4 GPUs; NOTES §6): seconds of one training step per phase, its
-# old log-prob (55 / 21 s) and reference (70 / 27 s) passes summed as the trainer's one `logprob` phase. The table
+# The paper's Table 8 (Geometry3K, Qwen2.5-VL-7B on 4 GPUs; docs/notes.md §6): seconds of one training step per phase,
+# its old log-prob (55 / 21 s) and reference (70 / 27 s) passes summed as the trainer's one `logprob` phase. The table
 # gives only these phases. Every report that sets our step profile beside the paper's reads them from here.
 PAPER_STEP_SECONDS = {"grpo": {"generate": 87.0, "logprob": 55.0 + 70.0, "update": 319.0},
                       "fastrl": {"generate": 80.0, "logprob": 21.0 + 27.0, "update": 121.0}}

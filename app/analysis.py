@@ -180,7 +180,8 @@ def filter_rollouts(rollouts: pd.DataFrame, *, prompt_id: str | None = None, kep
 def selected_keys(points: list[dict]) -> list[tuple[int, str]]:
     """(step, rollout_id) of Plotly selection points whose custom_data was [step, rollout_id].
 
-    Streamlit returns customdata as a list or as a dict keyed "0", "1" (NOTES §4); points without it are skipped.
+    Streamlit returns customdata as a list or as a dict keyed "0", "1" (docs/notes.md §4); points without it are
+    skipped.
     """
     keys = []
     for point in points:

@@ -32,7 +32,8 @@ from fastrl_core.shipped import config_names
 from fastrl_core.store.layout import SAMPLED_SUFFIX
 from fastrl_core.store.schema import PHASES
 
-# The paper's own figures for the methods it ran (NOTES §6: Tables 2 and 5, Geometry3K, Qwen2.5-VL-7B, one run each):
+# The paper's own figures for the methods it ran (docs/notes.md §6: Tables 2 and 5, Geometry3K, Qwen2.5-VL-7B, one
+# run each):
 # speed-up over GRPO's training time · OOD average accuracy. Its headline: 2.07x on average over both datasets.
 PAPER_FIGURES = {
     "grpo": "1× · 51.32",

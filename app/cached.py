@@ -3,7 +3,7 @@
 Where the store lives: `--store DIR` after streamlit's `--` (`streamlit run app/main.py -- --store runs`), else
 the FASTRL_STORE environment variable, else `./runs`. Cache keys include the run's version (`store.run_version`:
 its steps folder changed), so a live run's new step is read once, a step moved to quarantine disappears from a
-page already open, and a finished run's data is read once per process (NOTES §3: the store's per-step Parquet
+page already open, and a finished run's data is read once per process (docs/notes.md §3: the store's per-step Parquet
 files are read without taking any lock, so the trainer is never blocked). Reads of a whole run are incremental in
 the store (`read_steps`, `read_groups`, `read_reason_counts` read a new step's file only).
 """
@@ -241,7 +241,7 @@ def image(run_id: str, image_ref: str | None) -> tuple[bytes | None, str | None]
 
 
 def image_data_url(run_id: str, image_ref: str | None) -> str | None:
-    """A base64 data URL of the image, for st.column_config.ImageColumn (NOTES §4: no local paths)."""
+    """A base64 data URL of the image, for st.column_config.ImageColumn (docs/notes.md §4: no local paths)."""
     png, _ = image(run_id, image_ref)
     return None if png is None else "data:image/png;base64," + base64.b64encode(png).decode()
 

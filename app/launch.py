@@ -1,4 +1,4 @@
-"""Start the dashboard as a `streamlit run` subprocess and wait until it answers (NOTES §4).
+"""Start the dashboard as a `streamlit run` subprocess and wait until it answers (docs/notes.md §4).
 
 The store directory reaches the app as `--store DIR` after streamlit's `--` (and as FASTRL_STORE for
 anything the app spawns); see `fastrl_app.cached.store_dir`.

@@ -1,4 +1,4 @@
-"""2-D maps of gradient sketches: PCA at once, UMAP fitted in a background thread (NOTES §4).
+"""2-D maps of gradient sketches: PCA at once, UMAP fitted in a background thread (docs/notes.md §4).
 
 UMAP's first fit in a process takes 10–30 s on 2 cores (numba compiles it), so it never runs inside a
 page request. `SketchMap.project` answers at once: PCA coordinates until the background fit for that

@@ -26,7 +26,8 @@ Sketches (`--sketches`): the same batches are pruned by fastrl once per sketch, 
 `lm_head` the HF engine's (top-K 64 of generate's logits, with the hidden states); `logprob` what the vLLM engine
 computes (`engines.vllm.rollouts_from_outputs`) from what vLLM returns, each position's top `--logprob-top-k`
 log-probs plus the sampled token's, here taken from the HF scoring forward's raw logits (vLLM's float32 log-probs
-equal HF's to ~4e-6, NOTES §8); `tokens` the hashed token sets (`token_sketch`, the TRL plug-in's before issue 47).
+equal HF's to ~4e-6, docs/notes.md §8); `tokens` the hashed token sets (`token_sketch`, the TRL plug-in's before
+issue 47).
 The baselines read no sketch: fastrl's per-group counts do not depend on it, so they are run once.
 
 Equal counts: every fastrl variant keeps k_g = max(#signs present, ceil(keep·n'_g)) (min_keep 2) of the n'_g

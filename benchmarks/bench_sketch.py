@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_sketch.py --quick    # fewer repeats
 
 Models (random init; timing does not depend on the weights): the tiny Qwen2 of tests/test_sketches.py (V 512, d 64)
-and a text config the size of the project's tiny Qwen2.5-VL (NOTES §2: hidden 128, 2 layers, 4 / 2 heads,
+and a text config the size of the project's tiny Qwen2.5-VL (docs/notes.md §2: hidden 128, 2 layers, 4 / 2 heads,
 intermediate 256, vocab 1,100). Prompt 52 tokens + 32 generated = 84 tokens per rollout.
 
 (a) forward(output_hidden_states=True) over the 84 tokens vs the same + `lm_head_sketch` over the 32 response

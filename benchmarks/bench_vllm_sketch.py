@@ -1,4 +1,4 @@
-"""What the logprob sketch costs vLLM's generate, through the project's own engine: NOTES §8's table of
+"""What the logprob sketch costs vLLM's generate, through the project's own engine: docs/notes.md §8's table of
 SamplingParams, beside the engine's whole `generate` in GRPO and FastRL mode, in one run. Run on a quiet machine:
 
     .venv/bin/python benchmarks/bench_vllm_sketch.py --repeats 5            # ~2 min on 2 cores

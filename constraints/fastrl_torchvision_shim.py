@@ -6,7 +6,7 @@ kernels for ops the native library would have defined). vLLM's Qwen2-VL model mo
 inspects the model in a subprocess, so the fix must act in every process of the environment: the .pth line imports
 this module, which waits (a `sys.meta_path` hook, torch not imported) until something imports torchvision, then
 defines the two op schemas torchvision's Python side needs. Nothing else of torchvision's native code is provided:
-calling `torchvision.ops.nms` raises; FastRL and vLLM's Qwen2.5-VL path never call it (NOTES §8).
+calling `torchvision.ops.nms` raises; FastRL and vLLM's Qwen2.5-VL path never call it (docs/notes.md §8).
 
 Acts only where it is needed: torch without CUDA and a torchvision whose version has no `+cpu` tag.
 """

@@ -164,7 +164,8 @@ class TrainConfig:
     # -- objective and optimiser
     objective: str = option("grpo", "policy loss (algo.objectives)")
     objective_args: dict = option({}, "keyword arguments of the policy loss, e.g. epsilon, epsilon_high, beta")
-    lr: float = option(5e-4, "AdamW learning rate (NOTES: 5e-4 for the tiny model; ~1e-6 for 7B models)", bounds="> 0")
+    lr: float = option(5e-4, "AdamW learning rate (5e-4 for the tiny model, docs/notes.md §2; ~1e-6 for 7B models, "
+                       "the paper's)", bounds="> 0")
     warmup_steps: int = option(5, "linear learning-rate warmup steps", bounds=">= 0")
     weight_decay: float = option(0.0, "AdamW weight decay", bounds=">= 0")
     max_grad_norm: float = option(1.0, "gradient clipping norm", bounds="> 0")

@@ -8,7 +8,7 @@ Two ways in, one code path after:
   cached, is loaded by the folder `fastrl_core.named_models.model_path` gives.
 - a hub name or local path loads with `AutoProcessor` / `AutoModelForImageTextToText`.
 
-CPU gotchas handled here (NOTES §2): without torchvision, `Qwen2_5_VLProcessor(...)` fails at construction
+CPU gotchas handled here (docs/notes.md §2): without torchvision, `Qwen2_5_VLProcessor(...)` fails at construction
 (its video-processor class check), so the processor is rebuilt from `AutoImageProcessor` (which then picks the
 `*ImageProcessorPil` backend) and the tokenizer, with the video check skipped; vision special tokens are never
 to be sampled (`Policy.suppress_token_ids`), or the next forward fails on an image-token count mismatch.
@@ -141,7 +141,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
 
 @dataclass(frozen=True)
 class VLMWidths:
-    """The sizes of a Qwen2.5-VL built from config (`build_vlm`). Defaults: the tiny model (NOTES §2).
+    """The sizes of a Qwen2.5-VL built from config (`build_vlm`). Defaults: the tiny model (docs/notes.md §2).
 
     `vocab_size` None: one output row per tokenizer entry; larger: extra rows no tokenizer id reaches (as in the real
     Qwen2.5-VL, whose 151,936-row unembedding pads its 151,665-entry tokenizer), which a random model does sample
@@ -244,7 +244,7 @@ def build_vlm(
 
 
 def build_tiny_vlm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
-    """A randomly initialised tiny Qwen2.5-VL (NOTES §2): text hidden 128, 2 layers, 4 heads / 2 kv heads;
+    """A randomly initialised tiny Qwen2.5-VL (docs/notes.md §2): text hidden 128, 2 layers, 4 heads / 2 kv heads;
     vision depth 2, hidden 64, patch 14, merge 2. Token ids come from `tokenizer`; deterministic by `seed`."""
     return build_vlm(tokenizer, TINY_WIDTHS, seed=seed)
 

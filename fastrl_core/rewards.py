@@ -1,12 +1,12 @@
 """Rewards: pure functions from completions to floats (open-r1 style), format + math-aware accuracy.
 
 overall = format_weight * format + accuracy_weight * accuracy, by default 0.5 * format + 1.0 * accuracy (the
-authors' setup, NOTES §1), so a reward lies in {0, 0.5, 1, 1.5}.
+authors' setup, docs/notes.md §1), so a reward lies in {0, 0.5, 1, 1.5}.
 
 Format ("boxed" style, EasyR1 math): `<think>…</think>`, then any text, then exactly one `\\boxed{…}` with nothing but
 whitespace after it. ("answer_tag" style, R1-V): `<think>…</think>` then only whitespace, then `<answer>…</answer>`,
 then only whitespace. One think block only; the final answer must not be empty. (EasyR1's regex accepts trailing
-text; we reject it because a tiny policy otherwise drifts to `\\boxed{A}}}}`, NOTES §2.)
+text; we reject it because a tiny policy otherwise drifts to `\\boxed{A}}}}`, docs/notes.md §2.)
 
 Accuracy (independent of format): the last `\\boxed{…}` (or last `<answer>…</answer>`) is compared with the ground
 truth by value: both sides get Unicode math and units normalised (√{6}, √6 -> \\sqrt{6}; π -> \\pi; °, ^\\circ, 度

@@ -1,6 +1,7 @@
-"""The FastRL training loop: orchestration only, one call into a pure module per numbered step.
+"""The FastRL training loop (`Trainer`): the numbered steps below, each a call into a module, and around them the
+prompt stream, timing, evaluation, checkpoints and exact resume.
 
-Each step (README "The algorithm"):
+Each step (README "How a step works"):
   1. budget    -- the step's prompts from the stream, rollouts per prompt from the budget controller's
                   state                                                              (algo.budgets)
   2. sample    -- generate rollouts; the lm_head gradient sketch rides on generate   (engines)
@@ -19,7 +20,7 @@ Departures from the authors' verl fork, on purpose: pruning acts per prompt grou
 coreset on gradient sketches (`fastrl`) instead of a token-overlap rule (available as `fastrl_official`, and the
 paper's rule as written as `fastrl_paper`), after identical completions are merged with their multiplicity;
 with the HF engine the behaviour log-probs from generate are the old log-probs (they match a fresh
-forward to ~1e-6, NOTES §2), so the old pass is skipped for every method alike unless
+forward to ~1e-6, docs/notes.md §2), so the old pass is skipped for every method alike unless
 `recompute_old_logprobs` is set (its default, auto, sets it for vLLM, whose numerics differ).
 
 The engine is any `engines.base.Engine`: the trainer syncs it (`sync_weights`) once at start, after a checkpoint is
@@ -208,7 +209,7 @@ class Trainer:
                                               seed=config.seed)
         self.engine: Engine = (engine_factory or make_engine)(config, self.policy, self.projection)
         # max_length: dr_grpo's constant normaliser (aggregation seq_mean_token_sum_norm) is the generation limit,
-        # not each step's padded length (NOTES §7); the other aggregations ignore it
+        # not each step's padded length (docs/notes.md §7); the other aggregations ignore it
         self.loss_args = {"max_length": config.max_new_tokens, **config.objective_args}
         self.answer_style = answer_style(config.template)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)

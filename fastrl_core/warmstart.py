@@ -4,7 +4,7 @@
     fastrl warmstart --preset wide                   (a named recipe, built once into the user cache: named_models.main)
 
 Real GRPO starts from an instruct model; a random-init tiny policy under GRPO learns the format and collapses to one
-answer (NOTES §2). So, deterministically by seed:
+answer (docs/notes.md §2). So, deterministically by seed:
 1. generate the synthetic task (`ensure_dataset`), train a byte-level BPE tokenizer on its text (questions under
    every template, targets, choices) and build a Qwen2.5-VL of the named `widths` (`fastrl_core.policy.build_vlm`;
    `tiny` for the shipped one). `tokenizer=embedded` takes the shipped warm start's tokenizer and processor instead,
@@ -14,7 +14,7 @@ answer (NOTES §2). So, deterministically by seed:
    cross-entropy on the target tokens only, through the same forward as RL (`HFEngine.sequence_logprobs`);
 3. every `eval_every` steps: greedy accuracy + format rate on the TEST split, and accuracy of one sample per problem
    at temperature 1 (how much probability the policy puts on right answers: GRPO only sharpens what the warm start
-   half-knows, NOTES §2);
+   half-knows, docs/notes.md §2);
 4. keep the checkpoint with the highest sampled accuracy among those with greedy accuracy in [band_low, band_high]
    and format rate >= min_format (room left for RL), stop once greedy accuracy has been above the band twice;
 5. save it (safetensors + tokenizer + processor config) with `warmstart.json`: arguments, the step chosen, its

@@ -145,4 +145,5 @@ def test_merged_step_with_four_updates_is_the_unmerged_step(tmp_path, objective,
     assert merged_row["update_rows"] < plain_row["update_rows"]  # still fewer rows through the update
     if (objective, mode) == ("grpo", "equal_updates"):
         _, lumped, _ = _one_grpo_step(tmp_path / "lumped", {**settings, "merge_scope": "step"})
-        assert float((lumped - plain).norm()) > 0.05 * update  # the lumped merge is another step (0.83 in NOTES §9)
+        # the lumped merge is another step (0.83 in docs/notes.md §9)
+        assert float((lumped - plain).norm()) > 0.05 * update

@@ -275,7 +275,7 @@ def test_pods_subset_has_maximal_reward_variance(batch, keep_ratio, min_keep):
 
 
 def naive_official(batch: GroupBatch, minibatch_size: int | None) -> torch.Tensor:
-    """Loop reference of the authors' rule (NOTES §1); ties by batch index (no generator)."""
+    """Loop reference of the authors' rule (docs/notes.md §1); ties by batch index (no generator)."""
     n = batch.group_ids.numel()
     keep = torch.zeros(n, dtype=torch.bool)
     sets = [set(t.tolist()) for t in batch.token_ids]

@@ -70,7 +70,7 @@ def test_format_needs_exactly_one_box_after_think():
 def test_format_rejects_text_after_the_answer():
     assert format_reward("<think>a</think>\\boxed{2} because") == 0.0
     assert format_reward("<think>a</think>\\boxed{2}.") == 0.0
-    assert format_reward("<think>a</think>\\boxed{A}}}}") == 0.0  # the drift NOTES §2 saw
+    assert format_reward("<think>a</think>\\boxed{A}}}}") == 0.0  # the drift docs/notes.md §2 saw
     assert format_reward("<think>a</think>\\boxed{2") == 0.0
 
 
@@ -122,7 +122,7 @@ def test_square_roots_in_every_form(gold, given):
 
 
 def test_square_root_is_not_read_as_its_coefficient():
-    # NOTES §5: math-verify alone reads 2√{6} as 2
+    # docs/notes.md §5: math-verify alone reads 2√{6} as 2
     assert accuracy_reward(boxed("2"), free("2√{6}")) == 0.0
     assert accuracy_reward(boxed("2\\sqrt{5}"), free("2√{6}m")) == 0.0
 

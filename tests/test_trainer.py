@@ -249,7 +249,7 @@ def test_several_updates_per_step_follow_the_minibatch_mode(tmp_path, monkeypatc
     slots = row["rollouts_kept"] + row["rollouts_merged"]  # the exact merge plans over every copy of a kept row
     assert row["updates"] == expected_updates(slots) == len(calls) >= 2, row
     drift = [float((logprobs - old).abs().max()) for logprobs, old in calls]
-    assert drift[0] < 1e-4  # first update: on-policy up to generate-vs-forward numerics (NOTES §2)
+    assert drift[0] < 1e-4  # first update: on-policy up to generate-vs-forward numerics (docs/notes.md §2)
     assert min(drift[1:]) > 1e-3, drift  # later ones: the policy has moved, the old log-probs have not
     # a kept row is in each mini-batch that holds one of its copies: at least once, at most once per copy
     assert row["rollouts_kept"] <= sum(len(old) for _, old in calls) == row["update_rows"] <= slots
@@ -297,7 +297,8 @@ def test_resume_with_minibatches_continues_exactly(tmp_path):
 
 
 def test_paper_config_loads_and_is_the_paper_regime():
-    """fastrl_core/configs/paper.yaml: every key valid (load_config rejects unknown ones) and the regime of issue 11 / NOTES §6."""
+    """fastrl_core/configs/paper.yaml: every key valid (load_config rejects unknown ones) and the regime of issue 11 /
+    docs/notes.md §6."""
     config = load_config("paper")
     assert config.objective_args["beta"] == 0.01  # KL as a loss term: the reference pass runs every step
     assert config.updates_per_step == 4 and config.minibatch_mode == "equal_updates"

@@ -1,7 +1,7 @@
 """The baseline budget controllers (registered in `algo.budgets`): the authors' RolloutSA, the paper's ARS as
 written, and GRESO's pre-rollout skip. Each is an init / allocate / update triple over a JSON-able state.
 
-- `rollout_sa`        the authors' RolloutSA (NOTES §1), one n for all prompts, changed at epoch ends.
+- `rollout_sa`        the authors' RolloutSA (docs/notes.md §1), one n for all prompts, changed at epoch ends.
 - `rollout_sa_paper`  the paper's ARS as written in its §3.3 Eqs. 10–14 (max over the epoch's questions).
 - `greso`             GRESO (Zheng et al. 2025): skip prompts that were zero-variance on their recent visits.
 """
@@ -23,7 +23,7 @@ def rollout_sa_init(n: int = 8) -> dict:
 
 
 def rollout_sa_update(state: dict, outcome: PromptOutcomes) -> dict:
-    """RolloutSA as in the authors' code (NOTES §1):
+    """RolloutSA as in the authors' code (docs/notes.md §1):
     every step        f1 = mean kept per prompt, f2 = max kept per prompt;
     at an epoch end   a = step / total_steps (the 1-based global step: outcome.step + 1),
                       f3 = a·mean(f1) + (1 − a)·mean(f2) over the epoch's steps,

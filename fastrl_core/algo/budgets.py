@@ -162,7 +162,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     a mixed group, the share-based pruners (fastrl, cppo, pods) keep a fixed share of whatever was sampled, so
     a prompt's kept count mirrors its sampled count and carries no further information about it. Nor is the
     total held at a kept-rollout target: the former `adaptive` did that and sampled 1 % MORE than GRPO in the
-    paper-like regime (NOTES §7).
+    paper-like regime (docs/notes.md §7).
 
     Measured (embedded default, 100 steps of 16 prompts × 8 on 128 training prompts, i.e. 12.5 visits per
     prompt, pruner fastrl, greedy accuracy on 256 test problems every 20 steps; final / mean of the last three

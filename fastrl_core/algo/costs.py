@@ -3,7 +3,7 @@
 Pruning a rollout saves its log-prob passes and its share of the update, c seconds, and the rest of the step
 (generation, reward, pruning, the passes' fixed part) costs T0 seconds whatever is kept. Measured on 2 CPU cores
 (fastrl_core/configs/paper.yaml, docs/bench/paper-sampled): c = 1.46 + 4.12 = 5.6 ms per kept row against T0 ~ 0.65 s; the
-paper's 7B profile on GPU spends 84 % of a step in the update (NOTES §6). A fixed keep ratio cannot be right on
+paper's 7B profile on GPU spends 84 % of a step in the update (docs/notes.md §6). A fixed keep ratio cannot be right on
 both. Counting the |A| mass a_i = m_i|A_i| of a pruned rollout as lost (pessimistic: the coreset passes much of it
 on to the rows it keeps), the signal per second of keeping the k heaviest rows is
 

@@ -8,7 +8,7 @@ gradient to float precision (tests/test_objectives.py checks every loss, KL on a
 log-prob passes run on the representatives only. With several PPO updates a step the copies must still go to the
 mini-batches they would have gone to unmerged: `algo.minibatches.minibatch_plan` (merge_scope) sees to that, and the
 update runs each representative once per mini-batch that holds any of its copies. The tiny shipped policy repeats itself a lot
-(35–44 % of within-group pairs are identical, NOTES §7); a 7B model writing long reasoning rarely does.
+(35–44 % of within-group pairs are identical, docs/notes.md §7); a 7B model writing long reasoning rarely does.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Per group, all groups at once in the padded (G, M) layout (`algo.groups`):
    for, loss weight γ_j / (c_j|A_j|) per copy, all scaled by K / N (kept over all copies of the batch) so the kept
    loss, divided by K in the trainer, estimates the whole batch's loss divided by N.
 
-Sources: the paper (arXiv 2609.36932 §3.2: prune rollouts of equal advantage that look alike; ../NOTES §1), CRAIG
+Sources: the paper (arXiv 2609.36932 §3.2: prune rollouts of equal advantage that look alike; docs/notes.md §1), CRAIG
 (Mirzasoleiman et al., ICML 2020) for the coreset and its weights, LoGra-style sketches (`algo.sketches`).
 Departures from the paper: likeness is measured on gradient sketches, not token-set Jaccard; kept rows are
 weighted by the mass they stand for (the paper keeps weights 1); the keep count comes from pass costs, not a

@@ -2,8 +2,8 @@
 
 EasyR1/verl take several optimiser steps per rollout batch: the batch is shuffled and cut into mini-batches of
 `global_batch_size` rollouts (the paper: rollout batch 256 prompts / global batch 64 = 4 updates per step, §4.1;
-NOTES §6). Every mini-batch's importance ratio is taken against the behaviour policy (the policy before the step),
-so from the second mini-batch on ratios differ from 1 and the clip acts, as in PPO (Schulman et al. 2017, §5).
+docs/notes.md §6). Every mini-batch's importance ratio is taken against the behaviour policy (the policy before the
+step), so from the second mini-batch on ratios differ from 1 and the clip acts, as in PPO (Schulman et al. 2017, §5).
 
 Pruning leaves fewer rollouts than were sampled, and a mode says what that does to the mini-batches:
 

@@ -3,7 +3,7 @@
 | pruner          | rule                                                             | score                   | kept >= |
 |-----------------|------------------------------------------------------------------|-------------------------|---------|
 | fastrl_official | the authors' code: equal-advantage buckets + token-set Jaccard   | 1 − Jaccard to its rep  | 1       |
-|                 | to the bucket's representative (NOTES §1)                        |                         |         |
+|                 | to the bucket's representative (docs/notes.md §1)                |                         |         |
 | fastrl_paper    | the paper as written (§3.2, Alg. 1): n-gram Jaccard distance     | distance to the kept    | 1       |
 |                 | >= tau to EVERY kept one of its bucket                           |                         |         |
 | random          | paper Table 5: a uniform random m-subset per group (m as cppo)   | m / n                   | m       |
@@ -55,7 +55,7 @@ def token_jaccard_pairs(token_ids: tuple[Tensor, ...], first: Tensor, second: Te
 def fastrl_official(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_keep: int,
                     generator: torch.Generator | None, minibatch_size: int | None = None,
                     jaccard_threshold: float = 0.2, decimals: int = 4) -> PruneResult:
-    """The authors' rule (NOTES §1), ignoring keep_ratio / min_keep as their code has no budget:
+    """The authors' rule (docs/notes.md §1), ignoring keep_ratio / min_keep as their code has no budget:
 
     1. In each prompt group, bucket rollouts by advantage rounded to `decimals` (4) decimals.
     2. In each bucket keep its representative, the rollout of largest |A| (ties at random); keep another rollout
@@ -141,7 +141,8 @@ def advantage_only(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_
     A = 0 buckets: KEPT by default (`keep_zero_advantage=True`), because the paper partitions by every unique
     advantage value (Eq. 6, Alg. 1 lines 15–24, "|S'_k(q)| >= 1 guaranteed") with no exception for zero and the
     authors' code keeps a zero bucket's representative too — so an all-equal group keeps one rollout (it carries
-    only the KL term's gradient). `keep_zero_advantage=False` drops those buckets (the free pruning of NOTES §1).
+    only the KL term's gradient). `keep_zero_advantage=False` drops those buckets (the free pruning of
+    docs/notes.md §1).
     Score: 1 / bucket size (the inclusion probability). Pruned: REDUNDANT (same advantage as the kept one)."""
     if decimals < 0:
         raise ValueError(f"advantage_only: decimals must be >= 0, got {decimals}")
@@ -199,8 +200,8 @@ def fastrl_paper(batch: GroupBatch, groups: Groups, *, keep_ratio: float, min_ke
     4. `minibatch_size` (Alg. 1 lines 28–30, "d: divisor for DP alignment"): top the batch up to a multiple of it
        with the highest-|A| dropped rollouts, round-robin over groups (as `fastrl_official`).
 
-    Where this differs from the authors' code (NOTES §1, §6): the code compares UNIGRAM token sets, and only to
-    the bucket's representative (the seed), keeping o_i if Jaccard < 0.2; the paper compares n-gram sets with
+    Where this differs from the authors' code (docs/notes.md §1, §6): the code compares UNIGRAM token sets, and only
+    to the bucket's representative (the seed), keeping o_i if Jaccard < 0.2; the paper compares n-gram sets with
     EVERY kept rollout, pruning if θ < tau = 0.8 (§4.1), i.e. keeping o_i only if its Jaccard similarity to each
     kept one is <= 0.2. The paper never states n (Eq. 7 and Alg. 1 write N_n): `ngram=2` (bigrams) is our
     choice, the smallest n for which "n-gram" differs from the code's token sets; `ngram=1` gives the code's

@@ -3,7 +3,7 @@
 The pruners compare rollouts of a prompt group through these vectors (a kernel for diversity). All three are
 deterministic by seed and need no backward pass.
 
-- `lm_head`  (NOTES §1) For logits z_t = W h_t the gradient of log π(y_t) w.r.t. the unembedding W (V, d) is
+- `lm_head`  (docs/notes.md §1) For logits z_t = W h_t the gradient of log π(y_t) w.r.t. the unembedding W (V, d) is
              (e_{y_t} − p_t) h_tᵀ, so a rollout's last-layer policy gradient is G_i = (A_i / n_i) Σ_t (e_{y_t} − p_t) h_tᵀ
              (n_i the loss normaliser). Sketch both factors with fixed random projections R_o (V, k_o), R_h (d, k_h)
              (E[R Rᵀ] = I, `make_projection`):
@@ -140,7 +140,8 @@ def _check_projection(projection: SketchProjection, vocab_size: int, hidden_size
 
 def lm_head_sketch(hidden: Tensor, logits: Tensor, tokens: Tensor, response_mask: Tensor,
                    projection: SketchProjection, *, top_k: int | None = 64) -> Tensor:
-    """φ_i = vec(Σ_t m_it (R_oᵀ u_it)(R_hᵀ h_it)ᵀ), u = (e_y − p) on top-K(p) ∪ {y}  (module docstring, NOTES §1).
+    """φ_i = vec(Σ_t m_it (R_oᵀ u_it)(R_hᵀ h_it)ᵀ), u = (e_y − p) on top-K(p) ∪ {y}  (module docstring,
+    docs/notes.md §1).
 
     hidden (B, T, d) the last hidden states (after the final norm: HF `hidden_states[-1]`) that produced
     logits (B, T, V) for the sampled tokens (B, T); response_mask (B, T) bool or 0/1. Pass the logits of the

@@ -1,6 +1,6 @@
 """Problems with a diagram and a ground truth, and one loader for every source we read.
 
-Sources `load_problems` accepts (the schema is detected from the keys, NOTES §5):
+Sources `load_problems` accepts (the schema is detected from the keys, docs/notes.md §5):
 
 - a folder in the `problems.jsonl` + `images/` layout (../shared/data/geo-real-sample and our synthetic data;
   with `split`, the folder `<source>/<split>/` is read when it exists);

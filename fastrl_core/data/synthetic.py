@@ -1,6 +1,6 @@
 """The embedded synthetic geometry task: small diagrams whose questions can only be answered from the image.
 
-Design (NOTES §2, measured on a ~0.6 M-param Qwen2.5-VL with 112x112 images):
+Design (docs/notes.md §2, measured on a ~0.6 M-param Qwen2.5-VL with 112x112 images):
 - grey background near the CLIP mean (123, 117, 104) with dark strokes (white backgrounds were unlearnable);
 - multiple-choice options in a fixed order (shuffled options stayed at chance) or numeric answers;
 - no reading of numbers and no arithmetic (beyond that size); counting 1-4 dots was learnable, polygon sides
@@ -17,7 +17,7 @@ Kinds (answers: a number, or a letter for fixed-order choices; yes/no is multipl
 | parallel        | Are the two lines parallel? (yes/no)    | if not, 20-40 deg apart      | if not, 6-12 deg apart       |
 
 `DEFAULT_MIX` weights (kind, level) pairs: count_dots L1 4, longest_segment L1 2, every other pair 1 (sum 14), so
-~29 % of problems are 1-4 dot counts (learnable, NOTES §2) and guessing uniformly scores ~37.5 %. A split's
+~29 % of problems are 1-4 dot counts (learnable, docs/notes.md §2) and guessing uniformly scores ~37.5 %. A split's
 problems are allocated to the pairs in proportion (largest remainder), so every split has the same mix.
 Everything is deterministic by seed: each problem draws from its own `random.Random(f"{seed}/{split}/{index}/
 {attempt}")` and PNGs are written without metadata.

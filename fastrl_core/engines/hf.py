@@ -425,7 +425,7 @@ class HFEngine:
         mRoPE's three components equal, the attended-token count + the prompt's offset). Same values and
         gradients as the per-row forward up to float rounding (tests/test_engine.py); on the embedded regime's
         ~80-token prompts and ~16-token completions, 16 x 8 rollouts, ~2.4x less time (benchmarks/bench_engine.py).
-        Per row: one forward over prompt + completion (`mm_token_type_ids` extended with zeros, NOTES §2)."""
+        Per row: one forward over prompt + completion (`mm_token_type_ids` extended with zeros, docs/notes.md §2)."""
         device, inner = model.device, decoder(model)
         attention_mask = torch.cat([prompts.attention_mask[prompt_index], completion_mask.long()], dim=1).to(device)
         length = completion_ids.shape[1]

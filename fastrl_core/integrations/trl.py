@@ -104,7 +104,8 @@ VISION_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_
 def round_robin_order(magnitude: Tensor, group_ids: Tensor) -> Tensor:
     """Indices ordered round-robin over groups: round r holds every group's r-th largest `magnitude`, and a round
     lists its rollouts by `magnitude` descending (ties by index). The authors' minibatch top-up goes round-robin
-    over prompts (NOTES §1); ordering within a round by |A| puts informative rollouts before zero-advantage ones.
+    over prompts (docs/notes.md §1); ordering within a round by |A| puts informative rollouts before zero-advantage
+    ones.
     magnitude, group_ids (n,) -> (n,) long."""
     n = magnitude.numel()
     if n == 0:

@@ -19,8 +19,8 @@
     <store_dir>/runs/.schema/<table>/empty.parquet  zero-row files so the views bind before any step exists
 
 Every file is written under a temporary name and `os.replace`d, so a reader sees the old file, the new file or
-none, never a torn one (NOTES §3). Files are zstd-compressed Parquet; a rollouts file is written in row groups of
-ROLLOUT_ROW_GROUP rows and an images file sorted by image_ref in groups of IMAGE_ROW_GROUP, so one rollout's tokens
+none, never a torn one (docs/notes.md §3). Files are zstd-compressed Parquet; a rollouts file is written in row groups
+of ROLLOUT_ROW_GROUP rows and an images file sorted by image_ref in groups of IMAGE_ROW_GROUP, so one rollout's tokens
 or one image is read without the rest of its step (a real run's step: 512 rollouts, ~2 MB;
 benchmarks/bench_store_scale.py). A step is visible once its steps file exists; the writer writes it last.
 Every path the store keeps is relative to <store_dir> (the views too), so a copied or moved store reads its own

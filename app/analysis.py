@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fastrl_core.store import run_state
+from fastrl_app.palette import NEGATIVE, NEUTRAL, POSITIVE, rgba
 from fastrl_core.store.config_history import config_at
 from fastrl_core.store.layout import STALE_AFTER_S
 
@@ -443,11 +444,11 @@ def token_html(tokens: list[tuple[str, float]], advantage: float) -> str:
     spans = []
     for token, logprob in tokens:
         strength = min(1.0, max(0.0, -logprob / 4.0))
-        colour = f"rgba(231,111,81,{0.08 + 0.85 * strength:.2f})"
+        colour = rgba(NEGATIVE, round(0.08 + 0.85 * strength, 2))
         shown = html.escape(token).replace(" ", "&nbsp;").replace("\n", "↵<br>")
         spans.append(f"<span title='log-prob {logprob:.3f} (p = {np.exp(logprob):.2f})' style='background:{colour};"
                      f"border-radius:3px;padding:1px 1px;margin:0 1px;font-family:monospace'>{shown or '∅'}</span>")
-    sign = "#2a9d8f" if advantage > 0 else "#e76f51" if advantage < 0 else "#999"
+    sign = POSITIVE if advantage > 0 else NEGATIVE if advantage < 0 else NEUTRAL
     badge = (f"<span style='background:{sign};color:white;border-radius:4px;padding:2px 6px;margin-right:6px'>"
              f"advantage {advantage:+.3f}</span>")
     return f"<div style='line-height:2'>{badge}{''.join(spans)}</div>"

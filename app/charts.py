@@ -11,7 +11,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from fastrl_app.analysis import FATES, fates, reason_label
-from fastrl_app.palette import DECISION_COLOURS, SPLIT_COLOURS, method_colour
+from fastrl_app.palette import DECISION_COLOURS, INK, NEGATIVE, POSITIVE, SPLIT_COLOURS, method_colour, rgba
 from fastrl_app.savings import SPLIT_LABELS, SPLIT_PARTS
 
 PHASE_COLOURS = px.colors.qualitative.Set2
@@ -36,9 +36,10 @@ def sampled_vs_kept(steps: pd.DataFrame, *, revision: str) -> go.Figure:
     """Rollouts sampled and kept per step, with the pruned share shaded between them."""
     fig = go.Figure()
     fig.add_scatter(x=steps["step"], y=steps["rollouts_sampled"], name="sampled", mode="lines",
-                    line=dict(color="#264653"))
+                    line=dict(color=INK))
     fig.add_scatter(x=steps["step"], y=steps["rollouts_kept"], name="kept (enter the update)", mode="lines",
-                    line=dict(color=SPLIT_COLOURS["kept"]), fill="tonexty", fillcolor="rgba(231,111,81,0.18)")
+                    line=dict(color=SPLIT_COLOURS["kept"]), fill="tonexty",
+                    fillcolor=rgba(SPLIT_COLOURS["pruned"], 0.18))
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="rollouts", rangemode="tozero")
     return _style(fig, revision=revision)
@@ -51,8 +52,8 @@ def rollouts_per_prompt(matrix: pd.DataFrame, *, revision: str) -> go.Figure:
     fig.add_scatter(x=per_step["step"], y=per_step["max"], mode="lines", line=dict(width=0), showlegend=False,
                     hoverinfo="skip")
     fig.add_scatter(x=per_step["step"], y=per_step["min"], mode="lines", line=dict(width=0), fill="tonexty",
-                    fillcolor="rgba(38,70,83,0.15)", name="min–max over prompts")
-    fig.add_scatter(x=per_step["step"], y=per_step["mean"], mode="lines", name="mean", line=dict(color="#264653"))
+                    fillcolor=rgba(INK, 0.15), name="min–max over prompts")
+    fig.add_scatter(x=per_step["step"], y=per_step["mean"], mode="lines", name="mean", line=dict(color=INK))
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="rollouts per prompt", rangemode="tozero")
     return _style(fig, revision=revision)
@@ -135,27 +136,11 @@ def reason_areas(counts: pd.DataFrame, *, revision: str) -> go.Figure:
     return _style(fig, revision=revision)
 
 
-def zero_variance(steps: pd.DataFrame, groups_per_step: pd.Series, *, revision: str) -> go.Figure:
-    """Share of the step's groups whose rewards were all equal (no learning signal)."""
-    share = steps["zero_variance_groups"].to_numpy() / np.maximum(groups_per_step.to_numpy(), 1)
-    fig = go.Figure(go.Scatter(x=steps["step"], y=share, mode="lines", line=dict(color="#e9c46a"),
-                               customdata=steps["zero_variance_groups"],
-                               hovertemplate="step %{x}: %{customdata} groups (%{y:.0%})<extra></extra>"))
-    fig.update_xaxes(title="step")
-    fig.update_yaxes(title="zero-variance groups", tickformat=".0%", range=[0, 1])
-    return _style(fig, revision=revision)
-
-
 def phase_bars(phases: pd.DataFrame, *, revision: str, label: str = "run_id") -> go.Figure:
     """Mean seconds per step in each phase, stacked, one bar per run (or per `label` value)."""
     fig = px.bar(phases, x="seconds", y=label, color="phase", orientation="h",
                  color_discrete_sequence=PHASE_COLOURS, labels={"seconds": "seconds per step", label: ""})
     return _style(fig, revision=revision, height=120 + 40 * phases[label].nunique())
-
-
-def _rgba(colour: str, alpha: float) -> str:
-    red, green, blue = (int(colour.lstrip("#")[i: i + 2], 16) for i in (0, 2, 4))
-    return f"rgba({red},{green},{blue},{alpha})"
 
 
 def band_lines(bands: pd.DataFrame, *, x: str, x_title: str, y_title: str, revision: str) -> go.Figure:
@@ -168,7 +153,7 @@ def band_lines(bands: pd.DataFrame, *, x: str, x_title: str, y_title: str, revis
             fig.add_scatter(x=band[x], y=band["high"], mode="lines", line=dict(width=0), showlegend=False,
                             hoverinfo="skip", legendgroup=method)
             fig.add_scatter(x=band[x], y=band["low"], mode="lines", line=dict(width=0), fill="tonexty",
-                            fillcolor=_rgba(colour, 0.18), showlegend=False, hoverinfo="skip", legendgroup=method,
+                            fillcolor=rgba(colour, 0.18), showlegend=False, hoverinfo="skip", legendgroup=method,
                             name=f"{method} band")
         fig.add_scatter(x=band[x], y=band["mean"], mode="lines", line=dict(color=colour, width=2.5),
                         name=f"{method} ({seeds} seed{'s' if seeds != 1 else ''})", legendgroup=method,
@@ -218,7 +203,7 @@ def sketch_map(points: pd.DataFrame, *, colour: str, revision: str) -> go.Figure
                          hover_name="label", **common)
     else:
         palette = {SPLIT_LABELS[f]: SPLIT_COLOURS[f] for f in FATES} if colour == "status" else {
-            "correct": "#2a9d8f", "wrong": "#e76f51"}
+            "correct": POSITIVE, "wrong": NEGATIVE}
         fig = px.scatter(points, color=colour, color_discrete_map=palette, hover_name="label", **common,
                          category_orders={"status": [SPLIT_LABELS[f] for f in FATES]})
     fig.update_traces(marker=dict(size=6, opacity=0.8))

@@ -442,15 +442,18 @@ def test_compact_is_plain_duckdb_and_equals_the_live_reads(synthetic_store, tmp_
     assert set(images) == set(live["image_ref"]) and all(store.image_key(png) == ref for ref, png in images.items())
 
 
-def test_compact_main_compacts_every_run(tmp_path, capsys):
+def test_fastrl_store_compact_compacts_every_run(tmp_path, capsys):
+    from fastrl_app.cli import main
+
     a = write_fake_run(tmp_path, steps=2, name="a", prompts=2, rollouts_per_prompt=3, sketch_dim=4, finish=False)
     b = new_writer(tmp_path, name="b").run_id  # no steps yet: empty tables
-    assert store.compact_main([str(tmp_path)]) == 0
-    printed = capsys.readouterr().out.split()
-    assert printed == [str(layout.compact_file(tmp_path.resolve(), r)) for r in sorted([a, b])]
-    with duckdb.connect(printed[1 if b > a else 0], read_only=True) as con:
+    assert main(["store", "compact", str(tmp_path)]) == 0
+    printed = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if ": " in line)
+    assert set(printed) == {a, b}
+    assert all(Path(printed[r]) == layout.compact_file(tmp_path, r) for r in (a, b))
+    with duckdb.connect(printed[b], read_only=True) as con:
         assert con.sql("SELECT count(*) FROM rollouts").fetchall() == [(0,)]
-    assert store.compact_main([str(tmp_path), "--run", a]) == 0
+    assert main(["store", "compact", str(tmp_path), "--run", a]) == 0
 
 
 def test_several_runs_in_one_store(tmp_path):

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from fastrl_app.cli import main
 from fastrl_core import store
 from fastrl_core.store import damage, readers, summary
-from fastrl_core.store.compact import compact_main
 from fastrl_core.store.fake_runs import fake_step
 
 SMALL = dict(prompts=3, rollouts_per_prompt=4, sketch_dim=4, dataset_size=8)
@@ -121,7 +121,7 @@ def test_a_summary_that_does_not_read_is_named_and_skipped_and_compact_writes_it
     assert relative in store.damaged_files(tmp_path)
     assert [d.path for d in store.check_store(tmp_path)] == [relative]
     assert store.quarantine(tmp_path, store.check_store(tmp_path)) == [relative]
-    assert compact_main([str(tmp_path)]) == 0
+    assert main(["store", "compact", str(tmp_path)]) == 0
     assert path.exists() and store.check_store(tmp_path) == []
     files_read.clear()
     assert_same(fresh_reads(tmp_path, run_id), truth)

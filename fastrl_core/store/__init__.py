@@ -13,7 +13,7 @@ schemas: `fastrl_core.store.schema`; well-formed fake runs for tests and app wor
 """
 
 from fastrl_core.store.check import check_store, quarantine
-from fastrl_core.store.compact import compact, compact_main, write_summaries
+from fastrl_core.store.compact import compact, write_summaries
 from fastrl_core.store.damage import DamagedFile, damaged_files
 from fastrl_core.store.layout import SAMPLED_SUFFIX, RunLocked, list_runs, run_version, sampled_split
 from fastrl_core.store.readers import (
@@ -38,7 +38,7 @@ from fastrl_core.store.writer import RunWriter, image_key
 __all__ = [
     "PHASES", "SAMPLED_SUFFIX", "DamagedFile", "GroupStats", "RunLocked", "RunWriter", "check_store", "damaged_files",
     "quarantine", "read_reason_counts", "read_tokens", "run_version",
-    "run_state", "run_states", "StepRecord", "StepTables", "compact", "compact_main", "group_stats",
+    "run_state", "run_states", "StepRecord", "StepTables", "compact", "group_stats",
     "image_key", "latest_step", "list_runs", "read_budget_matrix", "read_evals", "read_groups", "read_image",
     "read_rollouts", "read_runs", "read_sketches", "read_steps", "sampled_split", "step_rows", "write_summaries",
 ]

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
 
 import duckdb
 
@@ -118,19 +116,3 @@ def _create_runs(con: duckdb.DuckDBPyConnection, meta: dict) -> None:
     con.execute("CREATE TABLE runs AS SELECT * REPLACE (config::JSON AS config, config_history::JSON AS "
                 "config_history) FROM runs_arrow")
     con.unregister("runs_arrow")
-
-
-def compact_main(argv: Sequence[str] | None = None) -> int:
-    """`fastrl store compact <store_dir> [--run RUN ...]`: compact the given runs, or every run in the store, and
-    write their summary files."""
-    parser = argparse.ArgumentParser(prog="fastrl store compact", description=compact_main.__doc__)
-    parser.add_argument("store_dir", type=Path, help="store directory (holds runs/ and store.duckdb)")
-    parser.add_argument("--run", action="append", dest="runs", metavar="RUN", help="run id (repeatable)")
-    args = parser.parse_args(argv)
-    runs = args.runs or layout.list_runs(args.store_dir)
-    if not runs:
-        parser.error(f"no runs in {args.store_dir}")
-    for run_id in runs:
-        print(compact(args.store_dir, run_id))
-        write_summaries(args.store_dir, run_id)
-    return 0

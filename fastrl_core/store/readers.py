@@ -460,7 +460,6 @@ def _image_index(store_dir: Path, run_id: str, image_ref: str) -> str | None:
 RUN_SUMMARY_COLUMNS = ["last_step", "steps", "wall_time", "rollouts_sampled", "rollouts_kept", "kept_fraction",
                        "train_accuracy", "eval_split", "best_accuracy", "last_accuracy", "last_write", "heartbeat",
                        "state"]
-RUN_STATES = ("running", "finished", "failed", "stopped", "no heartbeat")
 
 
 def run_state(status: str, heartbeat: float | None, now: float | None = None,

@@ -6,15 +6,16 @@ Each step (README "How a step works"):
                   state                                                              (algo.budgets)
   2. sample    -- generate rollouts; the lm_head gradient sketch rides on generate   (engines)
   3. reward    -- format + accuracy reward per rollout                               (rewards)
-  4. advantage -- group advantages over groups of unequal size                      (algo.advantages)
+  4. advantage -- group advantages over groups of unequal size                      (algo.decide: advantages)
   5. sketch    -- gradient sketches scaled by nothing: pruners weigh them by |A|     (algo.sketches)
   6. prune     -- identical completions merged (exact), then keep mask, scores, reasons, loss weights
-                  per rollout (with row_cost: keep count from pass costs)   (algo.duplicates, algo.pruners, costs)
+                  per rollout (with row_cost: keep count from pass costs), and the groups' outcomes for step 10:
+                  steps 4 and 6 are one pure call, `algo.decide.decide_step`, which the TRL plug-in calls too
   7. logprob   -- reference (and, if asked, old) log-probs on KEPT rollouts only     (engines)
   8. update    -- updates_per_step optimiser steps on PPO mini-batches of KEPT rollouts, each accumulated in
                   parts of update_rows rollouts if set (algo.minibatches, algo.objectives)
   9. record    -- the step's rollouts, groups, decisions and timings to the store   (store.step_rows)
- 10. budget    -- the controller's new state from this step's kept counts           (algo.budgets)
+ 10. budget    -- the controller's new state from step 6's group outcomes            (algo.budgets)
 
 Departures from the authors' verl fork, on purpose: pruning acts per prompt group with a weighted
 coreset on gradient sketches (`fastrl`) instead of a token-overlap rule (available as `fastrl_official`, and the
@@ -45,15 +46,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from fastrl_core import checkpoints, faults
-from fastrl_core.algo.advantages import compute_advantages
-from fastrl_core.algo.budget_base import PromptOutcomes
 from fastrl_core.algo.budgets import budget_allocate, budget_init, budget_update
 from fastrl_core.algo.costs import fit_row_cost
-from fastrl_core.algo.duplicates import find_duplicates, prune_distinct
-from fastrl_core.algo.groups import GroupBatch, Reason
+from fastrl_core.algo.decide import decide_step
+from fastrl_core.algo.groups import Reason
 from fastrl_core.algo.minibatches import Minibatch, minibatch_plan
 from fastrl_core.algo.objectives import policy_loss
-from fastrl_core.algo.pruners import PRUNERS
 from fastrl_core.algo.sketches import make_projection, token_sketch
 from fastrl_core.config import ConfigError
 from fastrl_core.data.problems import Problem
@@ -258,29 +256,21 @@ class Trainer:
             rewards = torch.tensor([p.overall for p in parts])
             accuracy = torch.tensor([p.accuracy for p in parts])
 
-        # 4. advantage
-        advantages = compute_advantages(config.advantage, rewards, group_ids)
-
-        # 5. sketch
+        # 4.-6. advantage, sketch, merge + prune (one pure decision, shared with the TRL plug-in: algo.decide)
         with timer.phase("sketch"):
             sketches = rollouts.sketches
             if config.sketch_kind == "tokens":
                 sketches = token_sketch(rollouts.completion_ids, rollouts.completion_mask, dim=config.sketch_dim,
                                         seed=config.seed)
-            token_ids = None
-            if PRUNERS.get(config.pruner).reads_tokens:
-                token_ids = tuple(ids[mask] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask))
-
-        # 6. prune (merge_duplicates: identical completions of a prompt are pruned, scored and updated as one row
-        #    counted m times; the copies skip every pass and are recorded as DUPLICATE)
         with timer.phase("prune"):
             row_cost = self.row_cost()
-            duplicates = (find_duplicates(group_ids, rollouts.completion_ids, rollouts.completion_mask)
-                          if config.merge_duplicates else None)
-            decision = prune_distinct(config.pruner, GroupBatch(group_ids, rewards, advantages, sketches, token_ids),
-                                      duplicates, keep_ratio=config.keep_ratio, min_keep=config.min_keep,
-                                      generator=torch.Generator().manual_seed(seed + 1), row_cost=row_cost,
-                                      **config.pruner_args)
+            decided = decide_step(
+                rewards=rewards, group_ids=group_ids, num_groups=len(problems), advantage=config.advantage,
+                completion_ids=rollouts.completion_ids, completion_mask=rollouts.completion_mask, sketches=sketches,
+                pruner=config.pruner, keep_ratio=config.keep_ratio, min_keep=config.min_keep,
+                generator=torch.Generator().manual_seed(seed + 1), merge_duplicates=config.merge_duplicates,
+                row_cost=row_cost, pruner_args=config.pruner_args, accuracy=accuracy)
+            advantages, duplicates, decision = decided.advantages, decided.duplicates, decided.pruned
             kept = decision.keep_mask.nonzero().squeeze(1)
 
         # 7. logprob: old / reference passes on kept rollouts only
@@ -347,15 +337,9 @@ class Trainer:
         self.pass_costs = [*self.pass_costs, (len(kept), timer.seconds["logprob"] + timer.seconds["update"],
                                               timer.total)][-COST_WINDOW:]  # what row_cost='measured' fits
 
-        # 10. budget: new state from this step's pruning decisions
-        stats = rows.stats
-        sampled = torch.from_numpy(stats.sampled)
-        self.budget_state = budget_update(config.budget, self.budget_state, PromptOutcomes(
-            prompt_ids=tuple(prompt_ids), sampled=sampled, kept=torch.from_numpy(stats.kept),
-            reward_mean=torch.from_numpy(stats.reward_mean).float(),
-            reward_std=torch.from_numpy(stats.reward_std).float(), step=step, total_steps=config.steps,
-            epoch_end=epoch_end,
-            accuracy_mean=torch.zeros(len(problems)).index_add_(0, group_ids, accuracy.float()) / sampled.clamp(min=1)))
+        # 10. budget: new state from this step's group outcomes (built by the decision, step 6)
+        self.budget_state = budget_update(config.budget, self.budget_state, decided.groups.outcomes(
+            prompt_ids, step=step, total_steps=config.steps, epoch_end=epoch_end))
         self.step += 1
         return {"step": step, **rows.step_row}
 

@@ -198,13 +198,15 @@ def test_one_update_per_step_is_the_single_update_over_every_kept_rollout(tmp_pa
     trainer = Trainer(_config(tmp_path, steps=1, updates_per_step=1, warmup_steps=1, merge_duplicates=False,
                               **{"objective_args.beta": 0.01}), progress=False)  # merging: tests/test_duplicates.py
     seen = {}
-    real_generate, real_prune, real_advantages = (trainer.engine.generate, trainer_module.prune_distinct,
-                                                  trainer_module.compute_advantages)
+    real_generate, real_decide = trainer.engine.generate, trainer_module.decide_step
     monkeypatch.setattr(trainer.engine, "generate", lambda *a, **k: seen.setdefault("rollouts", real_generate(*a, **k)))
-    monkeypatch.setattr(trainer_module, "prune_distinct",
-                        lambda *a, **k: seen.setdefault("decision", real_prune(*a, **k)))
-    monkeypatch.setattr(trainer_module, "compute_advantages",
-                        lambda *a, **k: seen.setdefault("advantages", real_advantages(*a, **k)))
+
+    def recording_decide(*args, **kwargs):  # the step's decision (algo.decide): its prune result and advantages
+        decided = real_decide(*args, **kwargs)
+        seen.update(decision=decided.pruned, advantages=decided.advantages)
+        return decided
+
+    monkeypatch.setattr(trainer_module, "decide_step", recording_decide)
     model = copy.deepcopy(trainer.policy.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=trainer.config.lr, weight_decay=trainer.config.weight_decay)
     row = trainer.train_step()

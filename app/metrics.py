@@ -280,12 +280,14 @@ def common_horizon(curves: dict[str, pd.DataFrame]) -> float:
 
 
 def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame, *,
-                 horizon: float | None = None) -> pd.DataFrame:
+                 horizon: float | None = None, baseline: str | None = None) -> pd.DataFrame:
     """Per-run figures with the baseline comparison: one row per run of `labels` (run_labels columns) with
     run_figures, baseline_method, target_accuracy, time_to_target, target_speedup, rollouts_to_target,
     target_rollout_share (its rollouts to target / the baseline's), step_speedup, cpu_step_speedup,
     accuracy_gain (final accuracy minus the same seed's baseline's), gain_at_equal_time, gain_at_equal_rollouts,
-    auc and horizon. `steps` / `evals`: read_steps / read_evals rows of those runs."""
+    auc and horizon. `steps` / `evals`: read_steps / read_evals rows of those runs. `baseline`: the plain-GRPO
+    method every run is compared with (e.g. `grpo_unmerged`, GRPO as TRL runs it: its target, its seeds); None:
+    each objective's own GRPO (`grpo`, else the first plain-GRPO method by name)."""
     by_run = {run_id: (s, evals[evals["run_id"] == run_id]) for run_id, s in steps.groupby("run_id", sort=False)}
     empty_steps, empty_evals = steps.iloc[:0], evals.iloc[:0]
     data = {run_id: by_run.get(run_id, (empty_steps, empty_evals)) for run_id in labels["run_id"]}
@@ -307,7 +309,14 @@ def compare_runs(labels: pd.DataFrame, steps: pd.DataFrame, evals: pd.DataFrame,
         base = baselines[baselines["objective"] == objective]
         if base.empty:
             continue
-        base_method = sorted(base["method"].unique(), key=lambda m: (m != "grpo" and not m.startswith("grpo"), m))[0]
+        if baseline is not None:
+            if baseline not in set(base["method"]):
+                raise ValueError(f"baseline {baseline!r}: no plain-GRPO run of that method for objective "
+                                 f"{objective!r} (plain GRPO here: {sorted(base['method'].unique())})")
+            base_method = baseline
+        else:
+            base_method = sorted(base["method"].unique(),
+                                 key=lambda m: (m != "grpo" and not m.startswith("grpo"), m))[0]
         base = base[base["method"] == base_method]
         acc0 = float(np.nanmean(base["initial_accuracy"])) if base["initial_accuracy"].notna().any() else math.nan
         target = acc0 + TARGET_SHARE * (float(base["final_accuracy"].mean()) - acc0)

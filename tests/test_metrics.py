@@ -319,3 +319,26 @@ def test_a_seed_counts_once_however_many_runs_it_has():
     assert kept["run_id"].tolist() == ["g0-new", "g1", "f0"]  # in the order given
     assert left_out[["run_id", "counted"]].values.tolist() == [["g0-old", "g0-new"]]
     assert metrics.one_run_per_seed(kept, started)[1].empty
+
+
+def test_compare_runs_against_a_named_baseline():
+    """baseline='grpo_unmerged': every run is paired with GRPO as TRL runs it (its target, its seeds), and a name
+    with no plain-GRPO run is refused."""
+    labels, steps, evals = designed()
+    twin = labels[labels["method"] == "grpo"].assign(
+        method="grpo_unmerged", run_id=lambda f: f["run_id"].str.replace("grpo", "grpo_unmerged"))
+    slower = steps[steps["run_id"].str.startswith("grpo")].assign(
+        run_id=lambda f: f["run_id"].str.replace("grpo", "grpo_unmerged"), wall_time=lambda f: f["wall_time"] * 2)
+    same_evals = evals[evals["run_id"].str.startswith("grpo")].assign(
+        run_id=lambda f: f["run_id"].str.replace("grpo", "grpo_unmerged"), wall_time=lambda f: f["wall_time"] * 2)
+    labels, steps, evals = (pd.concat([a, b], ignore_index=True) for a, b in
+                            ((labels, twin), (steps, slower), (evals, same_evals)))
+    default = metrics.compare_runs(labels, steps, evals).set_index("run_id")
+    unmerged = metrics.compare_runs(labels, steps, evals, baseline="grpo_unmerged").set_index("run_id")
+    assert set(default["baseline_method"]) == {"grpo"} and set(unmerged["baseline_method"]) == {"grpo_unmerged"}
+    # the same accuracies at twice the seconds: every step speed-up doubles, grpo's own is 2x
+    assert unmerged.loc["fastrl-0", "step_speedup"] == pytest.approx(2 * default.loc["fastrl-0", "step_speedup"])
+    assert unmerged.loc["grpo-0", "step_speedup"] == pytest.approx(2.0)
+    assert unmerged.loc["fastrl-0", "target_speedup"] == pytest.approx(16.0)  # 8 s against 0.5 s
+    with pytest.raises(ValueError, match="baseline 'cppo'"):
+        metrics.compare_runs(labels, steps, evals, baseline="cppo")

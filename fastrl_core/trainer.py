@@ -105,6 +105,16 @@ class PhaseTimer:
         return sum(self.seconds.values())
 
 
+# Seed mixing: a run's seed and a step (or an epoch) map to one torch generator seed each, distinct for distinct
+# pairs over any realistic run. Changing a value changes every run's draws: a run recorded under the old values would
+# no longer resume exactly (tests/test_numerics.py pins them).
+RUN_SEED_MULTIPLIER = 1_000_003  # prime, larger than any step count, so (seed, step) pairs do not collide
+STEP_SEED_MULTIPLIER = 7_919  # prime
+STEP_SEED_OFFSET = 17  # so that seed 0 at step 0 is not generator seed 0
+SEED_MODULUS = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit signed seed
+EPOCH_SEED_MULTIPLIER = 7_919  # PromptSampler: epoch e of seed s is permuted by generator seed s * this + e
+
+
 class PromptSampler:
     """Deterministic prompt stream. Epoch e is a fresh seeded permutation of the N problems cut to whole steps of P
     (E = (N // P)·P prompts; the last N mod P of each permutation are not used); stream position c is entry
@@ -120,7 +130,8 @@ class PromptSampler:
     def window(self, cursor: int, size: int) -> list[int]:
         """Problem indices at stream positions [cursor, cursor + size), cut at the end of cursor's epoch."""
         epoch, within = divmod(cursor, self.epoch_length)
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+        generator = torch.Generator().manual_seed(self.seed * EPOCH_SEED_MULTIPLIER + epoch)
+        order = torch.randperm(self.n, generator=generator)
         return order[within : min(within + size, self.epoch_length)].tolist()
 
     def advance(self, cursor: int, taken: int) -> int:
@@ -138,7 +149,7 @@ class PromptSampler:
 
 def step_seed(seed: int, step: int) -> int:
     """Everything random in a step derives from (seed, step): resuming at step s replays it exactly."""
-    return (seed * 1_000_003 + step * 7_919 + 17) % (2**63 - 1)
+    return (seed * RUN_SEED_MULTIPLIER + step * STEP_SEED_MULTIPLIER + STEP_SEED_OFFSET) % SEED_MODULUS
 
 
 @dataclass

@@ -14,4 +14,5 @@ Modules here import only torch and the standard library: no store, app, transfor
 - `costs`: how many rollouts to keep so that kept signal per second of a step is largest (from pass costs).
 - `budgets`: rollouts per prompt at each step.
 - `minibatches`: how a step's kept rollouts split into PPO mini-batches (several updates per step).
+- `numerics`: thresholds shared with the store (`ZERO_STD`).
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from fastrl_core.algo.budget_base import PromptOutcomes, check_count, keep_some, uniform_draw
+from fastrl_core.algo.numerics import ZERO_STD
 
 
 RSA_FLOOR = 2  # the authors' lower bound on n
@@ -164,7 +165,7 @@ def greso_update(state: dict, outcome: PromptOutcomes) -> dict:
             continue
         history = state["prompts"].setdefault(prompt, {"streak": 0, "easy": False})
         groups += 1
-        if std <= 1e-9:
+        if std <= ZERO_STD:
             middle = (state["min_mean"] + state["max_mean"]) / 2
             easy = accuracy[g] >= 0.5 if accuracy is not None else mean > middle
             history["streak"] += 1

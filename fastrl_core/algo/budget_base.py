@@ -9,6 +9,8 @@ from typing import Callable, Sequence
 
 from torch import Tensor
 
+from fastrl_core.algo.numerics import ZERO_STD
+
 
 @dataclass(frozen=True)
 class PromptOutcomes:
@@ -55,7 +57,7 @@ def decided(std: float, kept: int, accuracy: float | None = None) -> bool:
     accuracy is given — all rollouts correct or all wrong (GRESO's "easy" / "hard"; the group may still differ
     in format reward only)."""
     all_same_accuracy = accuracy is not None and (accuracy <= 1e-9 or accuracy >= 1 - 1e-9)
-    return std <= 1e-9 or kept == 0 or all_same_accuracy
+    return std <= ZERO_STD or kept == 0 or all_same_accuracy
 
 
 def keep_some(counts: list[int], draws: list[float], skip: list[float], fallback: int, minimum: int) -> list[int]:

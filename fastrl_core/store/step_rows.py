@@ -7,7 +7,7 @@ controllers read too. NumPy only: the store (and the app that reads it) does not
 
 Definitions (one place each):
 - group reward mean / std: over the group's rollouts whose reward is not NaN (a TRL reward function may return
-  None); std is the population std, set to exactly 0 below 1e-9 (a group of equal rewards). A group with no
+  None); std is the population std, set to exactly 0 below `ZERO_STD` (a group of equal rewards). A group with no
   rollouts has mean 0 and std 0; one whose rewards are all NaN has mean NaN and std 0.
 - `zero_variance_groups`: sampled groups with std 0 (a prompt a budget skipped, 0 rollouts, is not one). `rollouts_per_prompt`: N / G. `reward_mean`: mean of the non-NaN
   rewards. `accuracy`: mean of the accuracy rewards given (NaN without any). `format_rate`: mean format reward
@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from fastrl_core.algo.numerics import ZERO_STD
 
 
 def _numpy(values: Any, dtype=None) -> np.ndarray:
@@ -81,7 +83,7 @@ def group_stats(rewards: Any, group_index: Any, keep_mask: Any, num_groups: int)
     mean = np.where(counted > 0, total / np.maximum(counted, 1), np.where(sampled > 0, np.nan, 0.0))
     squares = np.bincount(ids, weights=(values - mean[ids]) ** 2, minlength=num_groups)
     std = np.sqrt(squares / np.maximum(counted, 1))
-    std[std < 1e-9] = 0.0
+    std[std < ZERO_STD] = 0.0
     return GroupStats(mean, std, sampled.astype(np.int64), kept.astype(np.int64))
 
 

@@ -15,6 +15,19 @@ from fastrl_app.palette import DECISION_COLOURS, INK, NEGATIVE, POSITIVE, SPLIT_
 from fastrl_app.savings import SPLIT_LABELS, SPLIT_PARTS
 
 PHASE_COLOURS = px.colors.qualitative.Set2
+# Tables of rollouts with an image column (st.dataframe), in pixels
+IMAGE_ROW_HEIGHT = 64  # a row holding a small thumbnail
+TABLE_HEADER_HEIGHT = 40
+TABLE_MAX_HEIGHT = 1100  # a longer table scrolls inside this
+# The budget heatmap: one prompt a row
+HEATMAP_ROW_HEIGHT, HEATMAP_MARGIN, HEATMAP_MIN_HEIGHT, HEATMAP_MAX_HEIGHT = 14, 100, 260, 1400
+
+
+def image_table_height(rows: int, *, most: int | None = None) -> int:
+    """Pixel height of an st.dataframe showing all `rows` rows of `IMAGE_ROW_HEIGHT` (+1 px border each) under its
+    header, at most `most`."""
+    height = TABLE_HEADER_HEIGHT + (IMAGE_ROW_HEIGHT + 1) * rows
+    return height if most is None else min(height, most)
 
 
 def _style(fig: go.Figure, *, revision: str, height: int = 320, title: str | None = None) -> go.Figure:
@@ -74,7 +87,8 @@ def budget_heatmap(table: pd.DataFrame, *, revision: str, kept: pd.DataFrame | N
     fig.update_xaxes(title="step" if bin_steps == 1 else f"step ({bin_steps} steps a column)",
                      range=[min(table.columns, default=0) - bin_steps / 2, max(table.columns, default=0) + bin_steps / 2])
     fig.update_yaxes(title="", tickfont=dict(size=9), autorange="reversed", type="category")
-    return _style(fig, revision=revision, height=max(260, min(1400, 14 * len(table) + 100)))
+    height = HEATMAP_ROW_HEIGHT * len(table) + HEATMAP_MARGIN
+    return _style(fig, revision=revision, height=max(HEATMAP_MIN_HEIGHT, min(HEATMAP_MAX_HEIGHT, height)))
 
 
 def text_label(value: object) -> str:

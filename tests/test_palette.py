@@ -1,4 +1,4 @@
-"""app/palette.py holds every colour the dashboard's charts and token views draw with."""
+"""Every colour the charts and token views draw with is in app/palette.py; the tables' sizes are named in charts."""
 
 from __future__ import annotations
 
@@ -22,3 +22,12 @@ def test_no_page_or_chart_holds_a_colour_of_its_own():
 def test_rgba_by_hand():
     assert rgba(INK, 0.15) == "rgba(38,70,83,0.15)"  # #264653
     assert rgba(NEGATIVE, 0.08) == "rgba(231,111,81,0.08)"  # #e76f51
+
+
+def test_image_table_heights_by_hand():
+    from fastrl_app.charts import IMAGE_ROW_HEIGHT, TABLE_MAX_HEIGHT, image_table_height
+
+    assert IMAGE_ROW_HEIGHT == 64
+    assert image_table_height(3) == 40 + 3 * 65  # header + rows of 64 px and a 1 px border
+    assert image_table_height(100, most=TABLE_MAX_HEIGHT) == 1100
+    assert image_table_height(0) == 40

@@ -108,8 +108,8 @@ def map_and_selection() -> None:
         "advantage": part["advantage"].round(3), "reward": part["reward"].round(2),
         "question": part["question"].fillna("—"), "completion": part["completion"].fillna("—"),
         "group": [f"rollouts?run={run_id}&step={s}&prompt={p}" for s, p in zip(part["step"], part["prompt_id"])]})
-    st.dataframe(table, hide_index=True, row_height=64, height=40 + 65 * len(table), key="selection_table",
-                 width="stretch", column_config={
+    st.dataframe(table, hide_index=True, row_height=charts.IMAGE_ROW_HEIGHT,
+                 height=charts.image_table_height(len(table)), key="selection_table", width="stretch", column_config={
         "image": st.column_config.ImageColumn("image", width="small"),
         "question": st.column_config.TextColumn(width="medium"),
         "completion": st.column_config.TextColumn(width="large"),

@@ -128,8 +128,9 @@ if prompt == ALL:
                f"{(page - 1) * PAGE_ROWS + 1 if len(part) else 0}–{(page - 1) * PAGE_ROWS + len(part)} shown.")
     part = part.assign(image=[cached.image_data_url(run_id, ref) for ref in part["image_ref"]])
     st.dataframe(part[["image", "prompt_id", "question", "status", "multiplicity", "reason", "reward",
-                       "advantage", "score", "weight", "completion"]], hide_index=True, row_height=64,
-                 height=min(40 + 65 * len(part), 1100), key="all_rollouts",
+                       "advantage", "score", "weight", "completion"]], hide_index=True,
+                 row_height=charts.IMAGE_ROW_HEIGHT,
+                 height=charts.image_table_height(len(part), most=charts.TABLE_MAX_HEIGHT), key="all_rollouts",
                  column_config={**columns, "image": st.column_config.ImageColumn("image", width="small")})
     st.caption(EXPLAINED)
     full_text(part, "full_all")

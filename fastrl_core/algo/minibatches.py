@@ -15,13 +15,9 @@ Pruning leaves fewer rollouts than were sampled, and a mode says what that does 
 `equal_updates` is the authors' FastRL script (global batch 64 -> 16, so a pruned step still makes ~4 updates on
 mini-batches a quarter the size); `fixed_size` is verl's default with pruning bolted on (mini-batch size fixed by
 the unpruned step, so a step that kept half its rollouts makes half the updates). `full_rows` is the rollouts a
-full, unpruned step samples (prompts_per_step x rollouts_per_prompt).
-
-Measured (`fastrl bench --config fastrl_core/configs/paper.yaml` with `minibatch_mode=fixed_size`, 3 seeds,
-docs/bench/paper-fixed-minibatch): FastRL with `fixed_size` makes ~1 update a step and is 1.72x faster per step than
-GRPO, but ends 4.6 +- 3.0 pts below it and never reaches its target accuracy; with `equal_updates` it is 1.39x and
-within noise of GRPO. So `equal_updates` is the default. (A third mode, `as_sampled`, kept pruned rows in the
-normaliser and changed nothing measurable: docs/experiments.md.)
+full, unpruned step samples (prompts_per_step x rollouts_per_prompt). `equal_updates` is the default: with
+`fixed_size` a pruned FastRL step makes ~1 update and ends below GRPO (docs/results.md, "PPO mini-batches and what
+pruning does to them", has the bench and its command).
 
 In the trainer (step 8) each mini-batch's loss is normalised over its own rows (as verl), and everything per
 rollout travels with its row: advantage, pruner loss weight, behaviour and reference log-probs (the KL term to the
@@ -30,8 +26,7 @@ unweighted mean over its mini-batches and `updates` counts them.
 
 Merged duplicates (`merge_scope`, `minibatch_plan`): by default the plan is drawn over every copy of a kept row, as
 the unmerged step draws it, and identical rows are merged inside each mini-batch only, so merging is exact under
-several updates a step (one GRPO step of `embedded` with 4 updates: 4.7e-6 of the update from the unmerged step,
-against 0.83 for the lumped merge that put a row and all its copies in one mini-batch; scripts/check_merge.py).
+several updates a step (scripts/check_merge.py measures it against the unmerged step; docs/results.md).
 
 Rows are assigned by a seeded permutation (reproducible: resume replays it) and each mini-batch lists its rows in
 ascending order, so a single mini-batch is exactly `range(K)`: with `updates=1` (either mode, K <= full_rows) the
@@ -40,10 +35,8 @@ step is the one-update step, unchanged.
 Grouping (`minibatch_grouping`): `rows` permutes rows (EasyR1, TRL); `prompts` permutes prompts and keeps each
 prompt's rows together before the split (verl's mini-batches without shuffling are contiguous prompt groups), so a
 mini-batch holds few prompts and the engine runs each of its prompts once for all its rows (`share_prompts`); a
-prompt may straddle two mini-batches. The sizes the mode gives are the same either way. Measured (8 seeds, paper
-regime, docs/bench/paper-long/shared-prompts/grouped): the update runs a quarter faster (GRPO's step 1.13x, FastRL's
-1.28x against 1.15x), at about a point of mean@4 per step (GRPO -0.6 +- 0.6, FastRL -1.1 +- 1.1): fewer prompts per
-AdamW step. So `rows` is the default.
+prompt may straddle two mini-batches. The sizes the mode gives are the same either way. `prompts` makes the update
+faster at about a point of accuracy per step, so `rows` is the default (docs/results.md, the same section).
 """
 
 from __future__ import annotations

@@ -42,11 +42,10 @@ ENGINES: dict[str, EngineSpec] = {
                        auto_top_k=20, devices=("cpu", "cuda")),
 }
 AUTO = "auto"  # config value of engine (choose_engine decides) and of sketch (the engine's gradient_sketch)
-# Where `auto` takes vLLM on CPU: text hidden size >= CPU_VLLM_MIN_HIDDEN and vocabulary <= CPU_VLLM_MAX_VOCAB.
-# benchmarks/bench_engines.py, quiet 2-core machine, 2026-12-06, 16 x 8 rollouts, generate s HF / vLLM without a
-# sketch: hidden 128 (482-token vocabulary) 0.27 / 0.26, 512 1.78 / 1.14, 1024 7.05 / 2.77; 3B widths with the
-# real 151,936-token vocabulary and 2 layers 38.3 / 60.4 (vLLM-CPU slower). The vocabulary bound lies between the
-# two measured (docs/results.md, "Engines").
+# Where `auto` takes vLLM on CPU: text hidden size >= CPU_VLLM_MIN_HIDDEN and vocabulary <= CPU_VLLM_MAX_VOCAB, where
+# vLLM-CPU generated faster than HF in benchmarks/bench_engines.py (from hidden 512 with a small vocabulary; slower at
+# the real 151,936-token vocabulary). The vocabulary bound lies between the two measured. Figures and command:
+# docs/results.md, "Engines".
 CPU_VLLM_MIN_HIDDEN: int | None = 512
 CPU_VLLM_MAX_VOCAB: int = 32_768
 # sketch kinds the engine computes while sampling, from a random projection of the policy's output layer

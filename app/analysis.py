@@ -11,8 +11,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from fastrl_core.store import run_state
 from fastrl_app.palette import NEGATIVE, NEUTRAL, POSITIVE, rgba
+from fastrl_core.store import run_state
 from fastrl_core.store.config_history import config_at
 from fastrl_core.store.layout import STALE_AFTER_S
 

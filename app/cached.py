@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from fastrl_app.projection import Projection, SketchMap
 from fastrl_app import metrics
+from fastrl_app.projection import Projection, SketchMap
 from fastrl_core import store
 
 

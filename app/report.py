@@ -15,8 +15,7 @@ from pathlib import Path
 import pandas as pd
 from markdown_it import MarkdownIt
 
-from fastrl_app import analysis, charts, palette
-from fastrl_app import metrics, savings
+from fastrl_app import analysis, charts, metrics, palette, savings
 from fastrl_core import store
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}

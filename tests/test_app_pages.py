@@ -26,10 +26,9 @@ from hypothesis.extra.numpy import arrays
 from streamlit.testing.v1 import AppTest
 
 import fastrl_app
-from fastrl_app import analysis
-from fastrl_app.projection import MIN_UMAP_POINTS, SketchMap, pca_2d
+from fastrl_app import analysis, savings
 from fastrl_app import metrics as core_metrics
-from fastrl_app import savings
+from fastrl_app.projection import MIN_UMAP_POINTS, SketchMap, pca_2d
 from fastrl_core import store
 from fastrl_core.store.fake_runs import fake_step, prompt_png
 

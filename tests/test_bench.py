@@ -9,9 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from fastrl_app import bench
+from fastrl_app import bench, metrics
 from fastrl_app.cli import main
-from fastrl_app import metrics
 from fastrl_core import store
 from fastrl_core.store import layout
 

@@ -5,8 +5,7 @@ on a timeline, and a heatmap of the whole run."""
 import pandas as pd
 import streamlit as st
 
-from fastrl_app import analysis, cached, charts, widgets
-from fastrl_app import savings
+from fastrl_app import analysis, cached, charts, savings, widgets
 
 HEATMAP_PROMPTS = 100  # prompts a page of the heatmap shows (a real run has thousands)
 HEATMAP_COLUMNS = 200  # columns it shows at most: longer runs are binned into groups of steps

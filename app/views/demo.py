@@ -8,8 +8,7 @@ writes the page as one HTML file (app.report)."""
 import pandas as pd
 import streamlit as st
 
-from fastrl_app import analysis, cached, charts, palette, report, widgets
-from fastrl_app import metrics, savings
+from fastrl_app import analysis, cached, charts, metrics, palette, report, savings, widgets
 
 st.title("FastRL beside GRPO")
 runs = widgets.runs_or_wait()

@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 
 from fastrl_app import metrics
+from fastrl_core.config import ConfigError
 from fastrl_core.methods import METHODS  # name -> overrides, from fastrl_core/configs/methods.yaml
 from fastrl_core.run_config import RunConfig, load_config
 from fastrl_core.shipped import config_names
@@ -86,13 +87,13 @@ def plan(methods: list[str], seeds: list[int], seeds_for: dict[str, list[int]]) 
 def method_config(config_path: str | Path, method: str, seed: int, store: str, overrides: list[str]
                   ) -> RunConfig:
     """The method's config under `seed`; a config the loader rejects (e.g. a pruner that is not registered yet)
-    raises naming the method."""
+    raises ConfigError naming the method (the CLI's one line, exit 2)."""
     try:
         return load_config(config_path, [*overrides, *METHODS[method], f"seed={seed}", f"store_dir={store}",
                                          f"run_name={metrics.bench_run_name(method, seed)}"])
     except (ValueError, KeyError) as error:
         text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        raise ValueError(f"method {method!r} ({' '.join(METHODS[method])}): {text}") from None
+        raise ConfigError(f"method {method!r} ({' '.join(METHODS[method])}): {text}") from None
 
 
 def comparable(config: dict) -> str:
@@ -127,7 +128,9 @@ def train_interleaved(configs: dict[str, RunConfig], log=print, *, progress: boo
     """Train one seed's methods round-robin with `run_loop.run_interleaved` (the loop of `Trainer.run`, one
     `train_step()` each in turn, the order rotated every round; `progress`/`label`: its one progress bar); returns
     method -> run id. Logs a line at each evaluation. Should a later run fail to start, the runs already started
-    are marked stopped, so none stays "running"."""
+    are marked stopped, so none stays "running". On Ctrl-C / SIGTERM the KeyboardInterrupt carries a note per run
+    marked stopped: its id and the command that continues it."""
+    from fastrl_core.resume import resume_command
     from fastrl_core.run_loop import run_interleaved
     from fastrl_core.trainer import Trainer
 
@@ -145,7 +148,15 @@ def train_interleaved(configs: dict[str, RunConfig], log=print, *, progress: boo
         for trainer in trainers.values():
             trainer.writer.finish("stopped", f"another run of this seed failed to start: {error}")
         raise
-    return run_interleaved(trainers, progress=progress, label=label, on_step=on_step)
+    try:
+        return run_interleaved(trainers, progress=progress, label=label, on_step=on_step)
+    except KeyboardInterrupt as error:
+        for method, trainer in trainers.items():
+            if trainer.writer.meta.get("status") == "stopped":
+                run_id = trainer.writer.run_id
+                error.add_note(f"run {run_id} ({method}) is marked stopped; "
+                               f"`{resume_command(trainer.config.store_dir, run_id)}` continues it")
+        raise
 
 
 # ----------------------------------------------------------------------------------------------- report

@@ -2,15 +2,17 @@
 
 Heavy modules are imported inside each command so `fastrl --help` stays instant. A user error (a bad config key,
 value or name, a missing file, a bad dataset row, a run another process is writing, a run with no whole checkpoint,
-a full disk) prints one line naming what is wrong and exits with code 2; Ctrl-C or SIGTERM during training prints
-one line (the run is marked stopped, and the command that continues it) and exits with 130 / 143. `--debug`
-(anywhere on the line) shows the traceback instead.
+a full disk, a port another process serves on) prints one line naming what is wrong and exits with code 2; Ctrl-C or
+SIGTERM during training prints one line (the run is marked stopped, and the command that continues it) and exits
+with 130 / 143. Output cut short by its reader (`fastrl train --list-keys | head`) ends quietly with 141, as a
+shell tool killed by SIGPIPE does. `--debug` (anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from pathlib import Path
 
@@ -177,61 +179,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_train)
 
     p = commands.add_parser("eval", help="greedy accuracy of a model on a split; result into the store")
-    p.add_argument("--model", default="embedded")
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--split", default="test")
-    p.add_argument("--template", default="math")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--model", default="embedded", help="'embedded', 'embedded-wide', a hub name or a local path "
+                   "(default: %(default)s)")
+    p.add_argument("--dataset", default="synthetic", help="'synthetic', a problems.jsonl folder, a Parquet/JSONL file "
+                   "or a hub dataset (default: %(default)s)")
+    p.add_argument("--split", default="test", help="the split to score (default: %(default)s)")
+    p.add_argument("--template", default="math", help="prompt template: math, r1v or short (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=None, help="score only the first N problems (default: all)")
+    p.add_argument("--batch-size", type=int, default=64, help="problems generated at once (default: %(default)s)")
     p.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted) instead of failing")
     p.add_argument("--allow-outside-paths", action="store_true", help="let the dataset's image paths lead outside "
                    "its folder (absolute, '..', symlinks); without it such a row is a bad row")
-    p.add_argument("--store", default="runs")
+    p.add_argument("--store", default="runs", help="store directory the result is written to (default: %(default)s)")
     p.set_defaults(func=_eval)
 
     p = commands.add_parser("warmstart", help="supervised warm start of the embedded tiny VLM")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="its own options (`fastrl warmstart --help` lists them)")
     p.set_defaults(func=_warmstart)
 
     p = commands.add_parser("data", help="write the synthetic geometry dataset")
-    p.add_argument("--out", required=True)
-    p.add_argument("--n-train", type=int, default=2048)
-    p.add_argument("--n-test", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="folder the dataset is written to")
+    p.add_argument("--n-train", type=int, default=2048, help="training problems (default: %(default)s)")
+    p.add_argument("--n-test", type=int, default=256, help="test problems (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the problems drawn (default: %(default)s)")
     p.set_defaults(func=_data)
 
     p = commands.add_parser("store", help="store maintenance")
     store_commands = p.add_subparsers(dest="store_command", required=True)
     c = store_commands.add_parser("compact", help="materialise runs into single DuckDB files")
-    c.add_argument("store_dir")
-    c.add_argument("--run", default=None)
+    c.add_argument("store_dir", help="the store directory")
+    c.add_argument("--run", default=None, help="compact only this run id (default: every run)")
     c.set_defaults(func=_store)
     c = store_commands.add_parser("check", help="list damaged store files (exit 1 if any); --quarantine moves them "
                                   "to <store_dir>/quarantine/")
-    c.add_argument("store_dir")
-    c.add_argument("--quarantine", action="store_true")
+    c.add_argument("store_dir", help="the store directory")
+    c.add_argument("--quarantine", action="store_true", help="move each damaged file to <store_dir>/quarantine/")
     c.set_defaults(func=_store_check)
 
     for name, func, text in (("app", _app, "serve the dashboard"),
                              ("demo", _demo, "train FastRL and GRPO interleaved (the shipped config demo) with "
                                              "the live dashboard")):
         p = commands.add_parser(name, help=text)
-        p.add_argument("--store", default="runs")
-        p.add_argument("--port", type=int, default=8501)
-        p.add_argument("--address", default="127.0.0.1")
+        p.add_argument("--store", default="runs", help="store directory the dashboard reads"
+                       + (" and the runs are written to" if name == "demo" else "") + " (default: %(default)s)")
+        p.add_argument("--port", type=int, default=8501, help="port the dashboard serves on; a port another "
+                       "process listens on is refused (default: %(default)s)")
+        p.add_argument("--address", default="127.0.0.1", help="address the dashboard serves on; 0.0.0.0 serves "
+                       "every network interface (default: %(default)s, this machine only)")
         if name == "demo":
             p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the demo config)")
             p.add_argument("overrides", nargs="*", help="key=value overrides of the demo config")
         p.set_defaults(func=func)
 
     p = commands.add_parser("report", help="write the Demo page as one self-contained HTML file")
-    p.add_argument("--store", default="runs")
-    p.add_argument("--out", default="demo.html")
+    p.add_argument("--store", default="runs", help="store directory the runs are read from (default: %(default)s)")
+    p.add_argument("--out", default="demo.html", help="the HTML file written (default: %(default)s)")
     p.add_argument("--run", default=None, help="the FastRL run (default: the newest with pruner fastrl)")
     p.set_defaults(func=_report)
 
     p = commands.add_parser("bench", help="side-by-side benchmark of GRPO, baselines and FastRL")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="its own options (`fastrl bench --help` lists them)")
     p.set_defaults(func=_bench)
     return parser
 
@@ -245,9 +252,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from fastrl_core.checkpoints import DamagedCheckpoint
     from fastrl_core.config import ConfigError
     from fastrl_core.data.problems import DataError
+    from fastrl_app.launch import PortTaken
     from fastrl_core.store import RunLocked
 
-    return ConfigError, DataError, DamagedCheckpoint, FileNotFoundError, RunLocked
+    return ConfigError, DataError, DamagedCheckpoint, FileNotFoundError, RunLocked, PortTaken
 
 
 def _disk_full(error: BaseException) -> bool:
@@ -275,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if extra:
             args.overrides = [*args.overrides, *extra]
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit, so a reader gone away is caught below
+        return code
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop writing, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
+        return 141
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM while training (run_loop.Stopped)
         if debug:
             raise

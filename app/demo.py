@@ -5,7 +5,8 @@ data order and warm start, and their steps are called round-robin in ONE process
 loop of `fastrl train` and `fastrl bench`): a neighbouring job that slows the machine slows both alike, so the Demo
 page may compare their seconds. They are named as bench runs (`bench-<method>-seed<seed>`), which is how the
 dashboard recognises runs that were timed interleaved. One progress bar covers both runs. When both are done the
-dashboard keeps serving until Ctrl-C (or SIGTERM), which also stops training and marks the unfinished runs "stopped".
+dashboard keeps serving until Ctrl-C (or SIGTERM), which also stops training, marks the unfinished runs "stopped"
+and names each with the command that continues it.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ def run_demo(*, store: Path, port: int, address: str, steps: int | None, overrid
     overrides = [*(overrides or []), *([f"steps={steps}"] if steps is not None else [])]
     steps_each = demo_configs(store, overrides)["grpo"].steps  # a bad override fails before the app starts
     app = serve(store, port=port, address=address, timeout=90)  # returns once healthy
+    trained = False
     try:
         print(f"\nFastRL dashboard: http://{address}:{port}   (store: {store}; Ctrl-C stops)\n"
               f"Training {' and '.join(DEMO_METHODS)} interleaved step by step (config {CONFIG}: "
               f"{steps_each} steps each)", flush=True)
         train_demo(store, overrides)
+        trained = True
         print(f"\nBoth runs finished in {(time.monotonic() - started) / 60:.1f} min. "
               f"`fastrl report --store {store} --out demo.html` writes the Demo page as one HTML file.", flush=True)
         if not serve_after:
@@ -65,8 +68,10 @@ def run_demo(*, store: Path, port: int, address: str, steps: int | None, overrid
         while app.poll() is None:
             time.sleep(1)
         return 0
-    except KeyboardInterrupt:
-        print("\nstopping ...", flush=True)
+    except KeyboardInterrupt as error:
+        notes = getattr(error, "__notes__", [])  # train_interleaved's: each run marked stopped, and its resume
+        print("\nstopping the dashboard" + (" (both runs had finished)" if trained else "")
+              + "".join(f"\n  {note}" for note in notes), flush=True)
         return 0
     finally:
         if app.poll() is None:

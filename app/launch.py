@@ -7,8 +7,10 @@ anything the app spawns); see `fastrl_app.cached.store_dir`.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,25 @@ def streamlit_command(store_dir: Path, *, port: int, address: str, entry: Path =
         "--client.toolbarMode", "viewer",  # no Deploy button, rerun or clear-cache items: the user only reads runs
         "--", "--store", str(Path(store_dir).resolve()),
     ]
+
+
+class PortTaken(RuntimeError):
+    """The port the app should serve on is already in use (another dashboard, or any other server)."""
+
+
+def check_port_free(port: int, address: str = "127.0.0.1") -> None:
+    """PortTaken (one line naming the port) when a server already listens on `address:port`. Binds with
+    SO_REUSEADDR as Streamlit's server does, so a port left in TIME_WAIT by a server that just stopped counts as
+    free, as it does for Streamlit."""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            raise PortTaken(f"port {port} on {address} is already in use by another process "
+                            "(another dashboard?); stop it or pick a free port with --port") from None
 
 
 def _die_with_parent() -> None:
@@ -72,10 +93,12 @@ def serve(store_dir: Path, *, port: int = 8501, address: str = "127.0.0.1", time
     """Start the app on `store_dir` at http://address:port and return once it is healthy (`entry`, `server`: as
     for `streamlit_command`).
 
-    The app's output goes to `log_path` (default: a file in the temp directory named after the port);
-    on failure the error names that file and quotes its last lines. Stop it with `process.terminate()`; on
-    Linux it also stops when the calling process dies.
+    A port another process already listens on raises PortTaken before anything starts (else the health check
+    would be answered by that process, and its page shown as this store's). The app's output goes to `log_path`
+    (default: a file in the temp directory named after the port); on failure the error names that file and quotes
+    its last lines. Stop it with `process.terminate()`; on Linux it also stops when the calling process dies.
     """
+    check_port_free(port, address)
     store_dir = Path(store_dir)
     log_path = Path(log_path or Path(tempfile.gettempdir()) / f"fastrl-app-{port}.log")
     env = {**os.environ, "FASTRL_STORE": str(store_dir.resolve())}

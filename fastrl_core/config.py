@@ -10,6 +10,7 @@ loads. Every error is a `ConfigError` naming the key, the bad value and the vali
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import types
@@ -262,15 +263,17 @@ def field_types() -> dict[str, tuple[type, ...]]:
 
 def merge(values: dict, updates: dict, *, source: str, key_types: dict[str, tuple[type, ...]] | None = None,
           sources: dict[str, str] | None = None) -> dict:
-    """Return a copy of `values` updated from `updates`; unknown keys and wrong types raise ConfigError naming
-    `source`. `key_types`: allowed types per key (default `field_types()`); `sources` (if given) records where
-    each updated key came from, for later error messages."""
+    """Return a copy of `values` updated from `updates`; unknown keys (naming the nearest valid key, if one is near)
+    and wrong types raise ConfigError naming `source`. `key_types`: allowed types per key (default `field_types()`);
+    `sources` (if given) records where each updated key came from, for later error messages."""
     key_types = field_types() if key_types is None else key_types
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in values.items()}
     for key, value in updates.items():
         head, _, sub = str(key).partition(".")
         if head not in out:
-            raise ConfigError(f"{source}: unknown config key {head!r}; valid keys: {', '.join(sorted(out))}")
+            near = difflib.get_close_matches(head, out, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ConfigError(f"{source}: unknown config key {head!r}; {hint}valid keys: {', '.join(sorted(out))}")
         if sub:
             if not isinstance(out[head], dict):
                 raise ConfigError(f"{source}: {head!r} has no sub-keys (got {key!r})")

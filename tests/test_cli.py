@@ -32,7 +32,8 @@ def test_eval_on_real_problems_writes_the_store(tmp_path, capsys):
 def test_train_rejects_an_unknown_key_with_the_valid_names(capsys):
     assert main(["train", "embedded", "stepz=3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fastrl: error: command line: unknown config key 'stepz'; valid keys: accuracy_weight")
+    assert err.startswith("fastrl: error: command line: unknown config key 'stepz'; did you mean 'steps'? valid keys: "
+                          "accuracy_weight")
     assert err.count("\n") == 1
 
 

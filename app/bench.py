@@ -160,8 +160,9 @@ def train_interleaved(configs: dict[str, RunConfig], log=print, *, progress: boo
 
 
 # ----------------------------------------------------------------------------------------------- report
-def collect(store: Path, run_ids: dict[tuple[str, int], str], split: str):
-    """(per-run table, per-method summary, curves, steps rows) of the bench's runs, by `fastrl_app.metrics`."""
+def collect(store: Path, run_ids: dict[tuple[str, int], str], split: str, baseline: str | None = None):
+    """(per-run table, per-method summary, curves, steps rows) of the bench's runs, by `fastrl_app.metrics`, each
+    run against `baseline` (a plain-GRPO method; None: its objective's GRPO)."""
     import pandas as pd
 
     from fastrl_core.store import read_evals, read_runs, read_steps
@@ -174,7 +175,7 @@ def collect(store: Path, run_ids: dict[tuple[str, int], str], split: str):
     steps = read_steps(store, ids)
     evals = read_evals(store, ids)
     evals = evals[evals["split"] == split]
-    per_run = metrics.compare_runs(labels, steps, evals)
+    per_run = metrics.compare_runs(labels, steps, evals, baseline=baseline)
     curves = pd.concat([metrics.eval_curve(steps[steps["run_id"] == r], evals[evals["run_id"] == r]).assign(run_id=r)
                         for r in ids], ignore_index=True)
     return per_run, metrics.summarise(per_run), curves, steps
@@ -369,7 +370,9 @@ def write_report(out: Path, per_run, summary, curves, steps, *, header: dict) ->
     out.mkdir(parents=True, exist_ok=True)
     costs_text, costs = cost_table(steps, per_run)
     split = f"Accuracy: evaluation split `{header['split']}`.\n\n" if "split" in header else ""
-    table = (split + headline_table(summary) + "\n\nEvery figure:\n\n" + markdown_table(summary, per_run)
+    void = metrics.start_disagreements(per_run)
+    warning = ("**Void comparison**: " + "; ".join(void) + ".\n\n") if void else ""
+    table = (split + warning + headline_table(summary) + "\n\nEvery figure:\n\n" + markdown_table(summary, per_run)
              + "\n\nWhere a step's time goes (share of the mean step, by wall-clock and by CPU seconds), beside the "
              "paper's profile:\n\n" + share_table(summary)
              + "\n\nWhat each phase costs per step:\n\n" + costs_text)
@@ -427,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                              "so this re-reports a bench from its store")
     parser.add_argument("--compare", metavar="RESULTS_JSON", default=None,
                         help="another bench's results.json: print both per-step ratios and whether within 10 %%")
+    parser.add_argument("--baseline", default=None, metavar="METHOD",
+                        help="the plain-GRPO method every other is compared with (default: grpo); e.g. "
+                             "grpo_unmerged, GRPO as TRL runs it; finished runs are re-read, so this re-reports a bench")
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
     args = parser.parse_args(argv)
     try:
@@ -460,13 +466,19 @@ def main(argv: list[str] | None = None) -> int:
 
     test_split = next(iter(configs.values())).test_split
     split = args.split or test_split
-    per_run, summary, curves, steps = collect(store, run_ids, split)
+    if args.baseline is not None and args.baseline not in chosen:
+        parser.error(f"--baseline {args.baseline}: not among the methods {list(chosen)}")
+    try:
+        per_run, summary, curves, steps = collect(store, run_ids, split, args.baseline)
+    except ValueError as error:
+        raise SystemExit(f"fastrl bench: {error}") from None
     if summary.empty or per_run["final_accuracy"].isna().all():
         raise SystemExit(f"fastrl bench: no evaluations on split {split!r} in {store} (a sampled split needs "
                          "eval_samples >= 1)")
     out = Path(args.out) if args.out else store / ("report" if split == test_split else f"report-{split}")
     table = write_report(out, per_run, summary, curves, steps, header={
         "config": str(args.config), "overrides": args.overrides, "store": str(store), "split": split,
+        "baseline": args.baseline or "grpo",
         "methods": {m: METHODS[m] for m in chosen}, "seeds": chosen})
     print("\n" + table + f"\n\nwrote {out}/results.md, results.json, bench.png")
     if args.compare:

@@ -273,6 +273,20 @@ def one_run_per_seed(labels: pd.DataFrame, started: pd.Series) -> tuple[pd.DataF
     return kept, left_out
 
 
+def start_disagreements(per_run: pd.DataFrame, tolerance: float = 1e-9) -> list[str]:
+    """One line per seed whose runs start from different accuracies. Every method of a seed starts from the same
+    policy and evaluates with the same random numbers (`Trainer.evaluate`), so their step-0 accuracies must be
+    equal: a difference means some run did not evaluate the policy it trained (an engine serving other weights),
+    and its comparison is void. per_run: `compare_runs` rows (seed, method, initial_accuracy)."""
+    lines = []
+    for seed, group in per_run.groupby("seed", sort=True):
+        starts = group.dropna(subset=["initial_accuracy"])
+        if len(starts) and float(starts["initial_accuracy"].max() - starts["initial_accuracy"].min()) > tolerance:
+            each = ", ".join(f"{m} {a:.4f}" for m, a in zip(starts["method"], starts["initial_accuracy"]))
+            lines.append(f"seed {seed}: the runs start from different accuracies ({each}): not the same policy")
+    return lines
+
+
 def common_horizon(curves: dict[str, pd.DataFrame]) -> float:
     """The shortest run's training seconds at its last evaluation: every curve is observed up to it."""
     ends = [float(c["wall_time"].max()) for c in curves.values() if len(c)]

@@ -342,3 +342,13 @@ def test_compare_runs_against_a_named_baseline():
     assert unmerged.loc["fastrl-0", "target_speedup"] == pytest.approx(16.0)  # 8 s against 0.5 s
     with pytest.raises(ValueError, match="baseline 'cppo'"):
         metrics.compare_runs(labels, steps, evals, baseline="cppo")
+
+
+def test_start_disagreements_name_the_seed_whose_runs_start_apart():
+    """Every method of a seed starts from one policy: equal step-0 accuracies say nothing; a run that evaluated
+    other weights (0.219 against 0.273, as an engine serving the wrong weights gave) is named with its seed."""
+    per_run = pd.DataFrame({"seed": [0, 0, 0, 1, 1], "method": ["grpo", "grpo_unmerged", "fastrl", "grpo", "fastrl"],
+                            "initial_accuracy": [0.2734, 0.21875, 0.21875, 0.3164, 0.3164]})
+    (line,) = metrics.start_disagreements(per_run)
+    assert line.startswith("seed 0:") and "grpo_unmerged 0.2188" in line and "grpo 0.2734" in line
+    assert metrics.start_disagreements(per_run[per_run["seed"] == 1]) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import streamlit as st
@@ -91,13 +92,20 @@ def pick_run(runs: pd.DataFrame, *, label: str = "Run", param: str = "run", defa
     return by_id.loc[chosen]
 
 
+def query_int(text: str | None) -> int | None:
+    """A query parameter's text as an integer: ASCII digits with an optional leading '-' ("--1", "1.5", "²", "" and
+    None give None)."""
+    return int(text) if text is not None and re.fullmatch(r"-?[0-9]{1,18}", text) else None
+
+
 def pick_step(step_ids: list[int], run_id: str, *, key: str) -> int:
-    """A sidebar step slider defaulting to ?step= (a step the run does not have is said so, and the latest shown)."""
+    """A sidebar step slider defaulting to ?step= (a step the run does not have, or text that is no step number, is
+    said so, and the latest shown)."""
     asked = st.query_params.get("step")
     default = step_ids[-1]
     if asked is not None:
-        if asked.lstrip("-").isdigit() and int(asked) in step_ids:
-            default = int(asked)
+        if query_int(asked) in step_ids:
+            default = query_int(asked)
         else:
             st.warning(f"The link asks for step {analysis.literal(asked)}, which run `{run_id}` does not have (its "
                        f"steps are {step_ids[0]}–{step_ids[-1]}); showing step {default}.")

@@ -6,6 +6,7 @@ in `fastrl_app.metrics`, which the bench and the README use too; this module onl
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -260,11 +261,12 @@ def split_sentence(totals: dict, passes: list[str]) -> str:
         return "No step recorded the split of its rollouts yet."
     share = lambda part: totals[part] / nominal  # noqa: E731
     named = ", ".join(passes) if passes else "no pass after pruning (no update ran)"
-    return (f"Of {nominal:,} rollouts plain GRPO would have sampled ({totals['steps']} steps × prompts × n): "
+    return (f"Of {nominal:,} rollouts plain GRPO would have sampled ({plural(totals['steps'], 'step')} × prompts × "
+            "n): "
             f"**{totals['skipped']:,} ({share('skipped'):.0%}) skipped by the budget**, "
             f"{totals['merged']:,} ({share('merged'):.0%}) merged as duplicates (every method merges), "
             f"**{totals['pruned']:,} ({share('pruned'):.0%}) pruned by the method's rule**, "
-            f"{totals['kept']:,} ({share('kept'):.0%}) kept for the passes that ran: {named}.")
+            f"{totals['kept']:,} ({kept_share(totals):.0%}) kept for the passes that ran: {named}.")
 
 
 def credit_sentence(method: str, baseline: str, credit: dict) -> str:
@@ -288,7 +290,10 @@ def pruning_saving(steps: pd.DataFrame, passes: list[str] | None = None) -> str:
         return "No sampled rollout was left out of the passes in this run."
     if passes is None:
         passes = (["log-prob passes"] if logprob > 0 else []) + (["update"] if update > 0 else [])
-    named = " and the ".join(passes) if passes else "no pass (none ran)"
+    if not passes:
+        return (f"The {sampled - kept:,} rollouts of {sampled:,} sampled that were left out saved no time yet: no "
+                "pass after pruning has run.")
+    named = " and the ".join(passes)
     text = f"The {sampled - kept:,} rollouts of {sampled:,} sampled that were left out skipped the {named}."
     if kept and update + logprob > 0:
         extra = (update + logprob) * (sampled - kept) / kept
@@ -326,10 +331,47 @@ def paired_baseline(runs: pd.DataFrame, run_id: str) -> tuple[str | None, str]:
     return str(max(base["run_id"], key=lambda r: started[r])), ""
 
 
-def visible_window(evals_per_run: list[int], window: int) -> int:
-    """How many evaluations after the warm start a "final accuracy" averages: the bench's `window`, or fewer when
-    a run has fewer (0: none yet)."""
-    return max(0, min([window, *[max(0, n - 1) for n in evals_per_run]]))
+def plural(count: int, noun: str) -> str:
+    """"1 step", "2 steps", "1,204 steps" (English nouns that take an s)."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def averaged_evaluations(evals_per_run: list[int], window: int) -> list[int]:
+    """Per run, how many evaluations after the warm start its "final accuracy" averages (`metrics.final_accuracy`):
+    the bench's `window`, fewer while the run has fewer, 0 while it has none after the warm start (step 0).
+    `evals_per_run`: each run's evaluations, step 0 included."""
+    return [min(window, max(0, int(n) - 1)) for n in evals_per_run]
+
+
+def final_accuracy_words(averaged: list[int]) -> str:
+    """What the final accuracies shown are, from `averaged_evaluations` of the runs behind them: "the mean of the
+    last 3 evaluations after the warm start", "... the last 1–3 evaluations ... (each run's own: ...)", or the
+    warm start's own accuracy where a run has no evaluation after it yet."""
+    trained = sorted({k for k in averaged if k > 0})
+    if not trained:
+        return "the warm start's accuracy (step 0): no run has an evaluation after it yet"
+    low, high = trained[0], trained[-1]
+    words = (f"the mean of the last {low if low == high else f'{low}–{high}'} evaluation{'s' if high != 1 else ''} "
+             "after the warm start")
+    if low != high:
+        words += " (each run's own: fewer while a run has fewer)"
+    if 0 in averaged:
+        words += ", or the warm start's accuracy for a run with none after it yet"
+    return words
+
+
+def kept_share(totals: dict | None) -> float:
+    """The "kept" of every page: the rollouts kept for the passes after pruning, as a share of the nominal
+    rollouts (plain GRPO's steps × prompts × n; `savings.split_totals`), so the budget's skipped rollouts count as
+    not kept. NaN without a split (None: a store written before it) or before any rollout."""
+    if not totals or not totals.get("nominal"):
+        return math.nan
+    return totals["kept"] / totals["nominal"]
+
+
+KEPT_HELP = ("Kept: the rollouts kept for the passes after pruning, as a share of the rollouts plain GRPO would "
+             "sample (steps × prompts × n), so what the budget skipped counts as not kept; the same share on every "
+             "page.")
 
 
 def pick_demo_group(groups: pd.DataFrame, recent: int = 20) -> tuple[int | None, str | None]:

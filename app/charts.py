@@ -66,7 +66,8 @@ def rollouts_per_prompt(matrix: pd.DataFrame, *, revision: str) -> go.Figure:
                     hoverinfo="skip")
     fig.add_scatter(x=per_step["step"], y=per_step["min"], mode="lines", line=dict(width=0), fill="tonexty",
                     fillcolor=rgba(INK, 0.15), name="min–max over prompts")
-    fig.add_scatter(x=per_step["step"], y=per_step["mean"], mode="lines", name="mean", line=dict(color=INK))
+    fig.add_scatter(x=per_step["step"], y=per_step["mean"], mode="lines" if len(per_step) > 1 else "markers",
+                    name="mean", line=dict(color=INK), marker=dict(color=INK))  # one step: a point
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="rollouts per prompt", rangemode="tozero")
     return _style(fig, revision=revision)

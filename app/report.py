@@ -34,18 +34,18 @@ def percent(interval: metrics.Interval) -> str:
     return f"{interval.mean:.1%} ± {100 * (interval.high - interval.mean):.1f} pts"
 
 
-def comparison_caption(method: str, base_method: str, seeds: int, base_seeds: int, window: int, sampled: bool,
-                       running: bool) -> str:
+def comparison_caption(method: str, base_method: str, seeds: int, base_seeds: int, averaged: list[int],
+                       sampled: bool, running: bool) -> str:
     """What section 3's figures are, said as they are: runs trained interleaved, seeds, the evaluations the final
-    accuracy averages (`window`, possibly fewer than the bench's), intervals only with two seeds or more."""
+    accuracy averages (`averaged`: per run behind the figures, `analysis.averaged_evaluations`), intervals only with
+    two seeds or more."""
     accuracy = "mean@k (k samples per problem at the training temperature)" if sampled else "greedy accuracy"
     intervals = ("± and [ ] are 95 % intervals over seeds" if min(seeds, base_seeds) >= 2 else
                  "one seed, so no interval: a second seed (`fastrl bench --seeds 0,1`) would give one")
     return (f"Measured on this machine from runs trained interleaved step by step in one process ({method}: {seeds} "
             f"seed{'s' if seeds != 1 else ''}, {base_method}: {base_seeds}), paired by seed, so load from other "
             f"jobs slowed both alike. Accuracy is {accuracy} "
-            f"on the held-out split, the mean of the last {window} evaluation{'s' if window != 1 else ''} after the "
-            f"warm start; {intervals}."
+            f"on the held-out split, {analysis.final_accuracy_words(averaged)}; {intervals}."
             + (" Some of these runs are still training, so the figures will move." if running else ""))
 
 
@@ -198,8 +198,8 @@ def _comparison(store_dir: Path, runs: pd.DataFrame, run_id: str, base_id: str, 
     evals = evals[evals["split"] == evals["run_id"].map(split)]
     per_run = metrics.compare_runs(chosen, steps, evals)
     counts = evals.groupby("run_id").size().reindex(chosen["run_id"]).fillna(0).astype(int).tolist()
-    window = analysis.visible_window(counts, metrics.WINDOW)
-    if per_run.empty or window == 0:
+    averaged = analysis.averaged_evaluations(counts, metrics.WINDOW)
+    if per_run.empty or 0 in averaged:
         caveats.append("No accuracy figure yet: the runs had no evaluation after the warm start.")
         return ["<p>No figure yet: each run needs an evaluation after its warm start first.</p>"]
     summary = metrics.summarise(per_run).set_index("method")
@@ -222,7 +222,7 @@ def _comparison(store_dir: Path, runs: pd.DataFrame, run_id: str, base_id: str, 
                                       y_title="greedy test accuracy", revision="report"), first),
             "<div class='metrics'>" + "".join(f"<div class='metric'>{html.escape(k)}<b>{html.escape(v)}</b></div>"
                                               for k, v in figures.items()) + "</div>",
-            "<p class='caption'>" + html.escape(comparison_caption(method, base_method, seeds, base_seeds, window,
+            "<p class='caption'>" + html.escape(comparison_caption(method, base_method, seeds, base_seeds, averaged,
                                                                    False, running)) + "</p>"]
 
 

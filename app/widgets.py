@@ -124,7 +124,7 @@ def run_caption(run: pd.Series, *, refreshing: bool = False) -> None:
     """One line under the page title: what this run is and whether it is still training."""
     state = status(run)
     steps = int(run["steps"]) if pd.notna(run["steps"]) else 0
-    text = (f"{STATUS_ICON.get(state, '')} **{run['run_id']}** · {state} · {steps} steps · "
+    text = (f"{STATUS_ICON.get(state, '')} **{run['run_id']}** · {state} · {analysis.plural(steps, 'step')} · "
             + " · ".join(f"{name} {analysis.literal(run[key])}" for name, key in (
                 ("objective", "objective"), ("pruner", "pruner"), ("budget", "budget"), ("model", "model"),
                 ("data", "dataset"))))

@@ -392,7 +392,7 @@ def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
     last = steps.iloc[-1]
     shown = metrics(at)
     assert shown["Latest step"] == str(REAL_STEPS - 1)
-    assert shown["Kept this step"] == f"{last['rollouts_kept']} / {last['rollouts_sampled']}"
+    assert shown["Kept this step"] == f"{last['rollouts_kept'] / last['rollouts_nominal']:.0%}"  # of nominal, as Runs
     split = next(s for s in plotly_specs(at) if s["layout"].get("barmode") == "stack")
     by_name = {t["name"]: _values(t["y"]) for t in split["data"]}
     assert by_name["kept (enter the passes)"] == steps["rollouts_kept"].tolist()

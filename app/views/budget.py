@@ -30,8 +30,15 @@ def budget() -> None:
     last = steps.iloc[-1]
     cols = st.columns(4)
     cols[0].metric("Latest step", int(last["step"]), help="The newest step written to the store.")
-    cols[1].metric("Kept this step", f"{int(last['rollouts_kept'])} / {int(last['rollouts_sampled'])}",
-                   help="Rollouts that enter the passes after pruning, out of those sampled.")
+    if savings.has_split(steps.iloc[-1:]):
+        latest_split = savings.split_totals(savings.rollout_split(steps.iloc[-1:]))
+        cols[1].metric("Kept this step", f"{analysis.kept_share(latest_split):.0%}",
+                       help=f"{analysis.KEPT_HELP} This step: {latest_split['kept']} kept of {latest_split['nominal']} "
+                            f"(of which {int(last['rollouts_sampled'])} sampled).")
+    else:  # a store written before the split: only sampled and kept are known
+        cols[1].metric("Kept this step", f"{int(last['rollouts_kept'])} / {int(last['rollouts_sampled'])} sampled",
+                       help="Rollouts that enter the passes after pruning, out of those sampled (this store's steps "
+                            "do not record what plain GRPO would have sampled).")
     cols[2].metric("Rollouts per prompt", f"{last['rollouts_per_prompt']:.1f}",
                    delta=f"{last['rollouts_per_prompt'] - steps.iloc[0]['rollouts_per_prompt']:+.1f} since step "
                          f"{int(steps.iloc[0]['step'])}", delta_color="off",
@@ -79,7 +86,7 @@ def budget() -> None:
     visits = matrix.groupby("prompt_id")["step"].agg(["size", "max"]).sort_values("size", ascending=False,
                                                                                     kind="stable")
     options = visits.index.tolist()
-    labels = {p: f"{p} · {size} visits" for p, size in zip(options, visits["size"].tolist())}  # 2,101 in a real run
+    labels = {p: f"{p} · {analysis.plural(size, 'visit')}" for p, size in zip(options, visits["size"].tolist())}
     asked = st.query_params.get("prompt")
     prompt = st.selectbox("Prompt", options, index=options.index(asked) if asked in options else 0,
                           key="timeline_prompt", format_func=labels.__getitem__)

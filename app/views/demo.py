@@ -112,9 +112,10 @@ def story() -> None:
     sampled, y_title = widgets.accuracy_choice(ids, key="demo_accuracy")
     per_run, summary, curves, left_out = cached.comparison(ids, sampled=sampled)
     by_method = summary.set_index("method") if len(summary) else pd.DataFrame()
-    counts = curves.groupby("run_id").size().reindex(ids).fillna(0).astype(int).tolist() if len(curves) else [0]
-    window = analysis.visible_window(counts, metrics.WINDOW)
-    if method not in by_method.index or base_method not in by_method.index or window == 0:
+    counted = per_run["run_id"].tolist() if len(per_run) else ids  # a seed counts once: the runs behind the figures
+    counts = curves.groupby("run_id").size().reindex(counted).fillna(0).astype(int).tolist() if len(curves) else [0]
+    averaged = analysis.averaged_evaluations(counts, metrics.WINDOW)
+    if method not in by_method.index or base_method not in by_method.index or 0 in averaged:
         st.info("No figure yet: each run needs an evaluation after its warm start (step 0) first.")
         return
     ours, theirs = by_method.loc[method], by_method.loc[base_method]
@@ -136,7 +137,7 @@ def story() -> None:
     cols[3].metric("FastRL accuracy", report.percent(metrics.interval(ours, "final_accuracy")))
     cols[4].metric("GRPO accuracy", report.percent(metrics.interval(theirs, "final_accuracy")))
     running = any(widgets.status(widgets.current(r)) == "running" for r in ids)
-    st.caption(report.comparison_caption(method, base_method, seeds, len(theirs["seeds"]), window, sampled, running)
+    st.caption(report.comparison_caption(method, base_method, seeds, len(theirs["seeds"]), averaged, sampled, running)
                + report.left_out_sentence(left_out))
 
 

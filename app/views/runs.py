@@ -1,6 +1,8 @@
 """Runs: every run in the store, the methods compared across seeds (mean curve with its band, mean ± interval per
 method, from `fastrl_app.metrics` like `fastrl bench`), and chosen runs side by side."""
 
+import math
+
 import pandas as pd
 import streamlit as st
 
@@ -13,24 +15,33 @@ runs = widgets.runs_or_wait(totals=True)
 
 st.caption(f"Store `{cached.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "
            "training, evaluation excluded).")
+
+
+def split_totals(run_ids) -> dict[str, dict]:
+    """Run id -> where its nominal rollouts went (`savings.split_totals`), for the runs whose steps record the
+    split; read when asked, so a live fragment sees new steps."""
+    return {run_id: savings.split_totals(savings.rollout_split(run_steps)) for run_id in run_ids
+            if savings.has_split(run_steps := cached.steps([run_id]))}
+
+
+splits = split_totals(runs["run_id"])
 table = pd.DataFrame({
     "status": [widgets.status(r) for _, r in runs.iterrows()],
     "run": runs["run_id"], "objective": runs["objective"], "pruner": runs["pruner"], "budget": runs["budget"],
     "steps": runs["steps"].fillna(0).astype(int), "train time (s)": analysis.text_column(runs["wall_time"], ".0f"),
-    "kept": runs["kept_fraction"].fillna(0.0),
+    "kept": [analysis.kept_share(splits.get(run_id)) for run_id in runs["run_id"]],
     "train accuracy": analysis.text_column(runs["train_accuracy"], ".3f"),
     "best eval accuracy": analysis.text_column(runs["best_accuracy"], ".3f"),
     "last eval accuracy": analysis.text_column(runs["last_accuracy"], ".3f"),
     "started": runs["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M"),
 })
-st.dataframe(table, hide_index=True, width="stretch", column_config={
-    "run": st.column_config.TextColumn(width="medium"),
-    "kept": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0,
-                                            help="Share of sampled rollouts that entered the passes after pruning"),
+st.dataframe(table, hide_index=True, width="stretch", column_config={  # the run column sized to its ids, in full
+    "kept": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, help=analysis.KEPT_HELP),
     "train accuracy": st.column_config.TextColumn(help="Rollout accuracy in the last step"),
     "best eval accuracy": st.column_config.TextColumn(help="Greedy accuracy on the eval split (— : no evaluation)"),
 }, key="runs_table")
-st.caption("— : not recorded yet (no evaluation, or no step). The table scrolls sideways when the window is narrow.")
+st.caption("— : not recorded yet (no evaluation, or no step; kept: blank for a store written before the split). "
+           "The table scrolls sideways when the window is narrow.")
 changes = analysis.config_changes(runs)
 if len(changes):
     st.subheader("Config changes on resume")
@@ -48,10 +59,17 @@ chosen_methods = st.multiselect("Methods", methods, default=methods[:8], key="me
 x_name = st.radio("x-axis", list(X_AXES), horizontal=True, key="methods_x")
 
 
-def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The per-method table as text: mean ± 95 % interval, ratios as geometric mean [interval]."""
+def summary_table(summary: pd.DataFrame, per_run: pd.DataFrame) -> pd.DataFrame:
+    """The per-method table as text: mean ± 95 % interval, ratios as geometric mean [interval]; kept is
+    `analysis.kept_share` of the method's runs (`per_run`), as on every page."""
     def text(row, name, spec, suffix=""):
         return metrics.interval(row, name).text(spec, suffix)
+
+    totals = split_totals(per_run["run_id"])
+
+    def kept(method):
+        run_ids = per_run.loc[per_run["method"] == method, "run_id"]
+        return metrics.mean_ci([analysis.kept_share(totals.get(r)) for r in run_ids]).text(".0%")
 
     return pd.DataFrame([{
         "method": row["method"], "seeds": len(row["seeds"]), "final accuracy": text(row, "final_accuracy", ".3f"),
@@ -64,7 +82,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "rollouts to target (× GRPO's)": text(row, "target_rollout_share", ".2f", "×"),
         "reached target": f"{row['target_reached']}/{len(row['seeds'])}", "AUC": text(row, "auc", ".3f"),
         "s/step": text(row, "seconds_per_step", ".3f"), "CPU s/step": text(row, "cpu_per_step", ".3f"),
-        "kept": text(row, "kept_fraction", ".2f"),
+        "kept": kept(row["method"]),
     } for _, row in summary.iterrows()])
 
 
@@ -79,43 +97,41 @@ def methods_section() -> None:
     bands = pd.concat([metrics.band(c, x=x).assign(method=m) for m, c in curves.groupby("method", sort=False)],
                       ignore_index=True) if len(curves) else pd.DataFrame()
     points = curves.groupby("run_id").size() if len(curves) else pd.Series(dtype=int)
-    if bands.empty or bands["mean"].isna().all() or points.max() < 2:
-        st.info("No chart yet: a curve needs two evaluations of a run (the warm start and one more), and CPU "
-                "timings for the CPU axis.")
+    drawn = bands.dropna(subset=["mean"]) if len(bands) else bands
+    if drawn.empty or drawn.groupby("method")[x].nunique().max() < 2:  # a band over one x is a point: no line
+        st.info("No chart yet: a method's curve needs two evaluations of each of its runs (the warm start and one "
+                "more), and CPU timings for the CPU axis.")
     else:
         st.plotly_chart(charts.band_lines(bands, x=x, x_title=x_title, y_title=y_title,
                                           revision="methods"), key="methods_chart")
-    st.dataframe(summary_table(summary), hide_index=True, key="methods_table", width="stretch")
+    st.dataframe(summary_table(summary, per_run), hide_index=True, key="methods_table", width="stretch")
     target = per_run["target_accuracy"].dropna()
-    window = analysis.visible_window(points.reindex(ids).fillna(0).astype(int).tolist(), metrics.WINDOW)
+    averaged = analysis.averaged_evaluations(points.reindex(per_run["run_id"]).fillna(0).astype(int).tolist(),
+                                             metrics.WINDOW)
+    horizon = per_run["horizon"].min() if len(per_run) else math.nan
     st.caption(
         "Mean of the seeds with its 95 % Student-t interval (band, ±); speed-ups are geometric means of each seed's "
         "ratio to the GRPO run of the same seed, interval on the log ratio ([low, high]); (n=1): one seed, no "
-        f"interval. Final accuracy: mean of the last {window} evaluation{'s' if window != 1 else ''} after the warm "
-        f"start (the bench's {metrics.WINDOW}, fewer while a run has fewer). Step speed-up: GRPO's training "
-        f"seconds for the same steps / the method's. Time-to-target: to {metrics.TARGET_SHARE:.0%} of GRPO's mean "
-        "gain over the warm start"
+        f"interval. Final accuracy: {analysis.final_accuracy_words(averaged)} (the bench averages {metrics.WINDOW}). "
+        "Step speed-up: GRPO's training seconds for the same steps / the method's. Time-to-target: to "
+        f"{metrics.TARGET_SHARE:.0%} of GRPO's mean gain over the warm start"
         + (f" (accuracy {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))})" if len(target) else "")
-        + f"; reached target counts the seeds that got there. AUC: mean accuracy over the first "
-        f"{per_run['horizon'].iloc[0]:.1f} s (the shortest run)." + report.left_out_sentence(left_out))
+        + "; reached target counts the seeds that got there. AUC: mean accuracy over the training seconds of the "
+        + (f"shortest run, the first {horizon:.1f} s." if horizon > 0 else "shortest run (none has trained yet).")
+        + f" {analysis.KEPT_HELP}" + report.left_out_sentence(left_out))
     phases = analysis.phases_long(summary, "method", PHASES)
     if not phases.empty:
+        st.subheader("Time per phase")
         st.plotly_chart(charts.phase_bars(phases, revision="methods", label="method"), key="methods_phases")
-    with st.expander("Every seed"):
-        shown = ["method", "seed", "run_id", "final_accuracy", "step_speedup", "cpu_step_speedup", "time_to_target",
-                 "target_speedup", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "kept_fraction"]
-        st.dataframe(analysis.display_frame(per_run[shown]), hide_index=True, key="seeds_table")
+        st.caption("Mean seconds per step of each method's runs. Pruned rollouts skip the log-prob passes and the "
+                   "update.")
 
 
 st.fragment(methods_section, run_every=widgets.LIVE_EVERY if live else None)()
 
 st.header("Where each run's rollouts went")
-split_rows = []
-for run_id, method in zip(labels["run_id"], labels["method"]):
-    run_steps = cached.steps([run_id])
-    if savings.has_split(run_steps):
-        split_rows.append({"run": f"{method} · {run_id}",
-                           **savings.split_totals(savings.rollout_split(run_steps))})
+split_rows = [{"run": f"{method} · {run_id}", **splits[run_id]}
+              for run_id, method in zip(labels["run_id"], labels["method"]) if run_id in splits]
 if split_rows:
     totals = pd.DataFrame(split_rows)
     st.plotly_chart(charts.split_bars(totals, revision="runs/split"), key="runs_split")
@@ -170,22 +186,17 @@ def compare() -> None:
                         key="compare_accuracy_chart")
 
     st.subheader("Each run against the GRPO run of its seed")
-    st.dataframe(analysis.display_frame(per_run.assign(run=per_run["run_id"])[[
+    totals = split_totals(per_run["run_id"])
+    shown = per_run.assign(run=per_run["run_id"],
+                           kept=[100 * analysis.kept_share(totals.get(r)) for r in per_run["run_id"]])
+    st.dataframe(analysis.display_frame(shown[[
         "run", "method", "seed", "final_accuracy", "time_to_target", "target_speedup", "step_speedup",
-        "cpu_step_speedup", "auc", "seconds_per_step"]], formats={
+        "cpu_step_speedup", "auc", "seconds_per_step", "cpu_per_step", "rollouts_sampled", "kept"]], formats={
         "final_accuracy": ".3f", "time_to_target": ".1f", "target_speedup": ".2f×", "step_speedup": ".2f×",
-        "cpu_step_speedup": ".2f×", "auc": ".3f", "seconds_per_step": ".3f"}), hide_index=True, key="compare_table",
-        width="stretch")
-    st.caption("Same definitions as the table above; — : not reached, or no GRPO run (pruner none, budget "
-               "fixed, same objective) with this seed among the chosen runs.")
-
-    st.subheader("Time per phase")
-    phases = analysis.phases_long(per_run, "run_id", PHASES)
-    if phases.empty:
-        st.info("These runs recorded no phase timings.")
-    else:
-        st.plotly_chart(charts.phase_bars(phases, revision="compare"), key="phases")
-        st.caption("Mean seconds per step. Pruned rollouts skip the log-prob passes and the update.")
+        "cpu_step_speedup": ".2f×", "auc": ".3f", "seconds_per_step": ".3f", "cpu_per_step": ".3f",
+        "kept": ".0f%"}), hide_index=True, key="compare_table", width="stretch")
+    st.caption("Same definitions as the table above, one row per run; — : not reached, or no GRPO run (pruner "
+               "none, budget fixed, same objective) with this seed among the chosen runs.")
 
 
 st.fragment(compare, run_every=widgets.LIVE_EVERY if picked_live else None)()

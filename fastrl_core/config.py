@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 # typo or an overflow, not a run. keep_ratio's interval (0, 1] bounds it already; row_cost is checked by its rule.
 UPPER_BOUNDS: dict[str, float] = {
     "seed": 2**32 - 1,  # times 7919 it still seeds a torch.Generator (< 2**64)
-    "threads": 1024, "synthetic_train": 1_000_000, "synthetic_test": 1_000_000,
+    "threads": 1024, "max_text_chars": 10_000_000, "synthetic_train": 1_000_000, "synthetic_test": 1_000_000,
     "steps": 10_000_000, "time_limit_s": 365 * 24 * 3600, "warmup_steps": 10_000_000,
     "prompts_per_step": 65_536, "rollouts_per_prompt": 1024, "max_new_tokens": 131_072, "temperature": 100,
     "format_weight": 1000, "accuracy_weight": 1000,
@@ -139,6 +139,10 @@ class TrainConfig:
                                     "and logged, instead of stopping at the first (like `fastrl eval --skip-bad`)")
     dataset_allow_outside_paths: bool = option(False, "let the dataset's image paths lead outside its folder "
                                                "(absolute, '..', symlinks); off: such a row is a bad row")
+    max_text_chars: int | None = option(None, "longest question or answer, in characters: a longer row is a bad row, "
+                                        "refused at load (or skipped with dataset_skip_bad); null/auto = 4 characters "
+                                        "a token times the model's context (4,096 for embedded's 1,024 tokens; "
+                                        "131,072 when the model's config is not on this machine)", bounds=">= 1")
     train_split: str = option("train", "split used for training")
     test_split: str = option("test", "split used for evaluation")
     synthetic_train: int = option(2048, "synthetic dataset: training problems", bounds=">= 1")

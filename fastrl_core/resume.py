@@ -21,14 +21,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fastrl_core.config import ConfigError, TrainConfig, read_config
-from fastrl_core.run_config import RunConfig, load_config
+from fastrl_core.run_config import RunConfig, check_store_dir, load_config
 from fastrl_core.store import layout
+from fastrl_core.store.damage import why
 
 FIXED_ON_RESUME: dict[str, str] = {key: why for keys, why in (
     (("run_name",), "it names the run"),
     (("model",), "the checkpoint holds its weights"),
-    (("dataset", "dataset_skip_bad", "dataset_allow_outside_paths", "train_split", "synthetic_train",
-      "synthetic_kinds", "synthetic_levels"), "it decides the problems the prompt stream draws from"),
+    (("dataset", "dataset_skip_bad", "dataset_allow_outside_paths", "max_text_chars", "train_split",
+      "synthetic_train", "synthetic_kinds", "synthetic_levels"), "it decides the problems the prompt stream draws "
+                                                                  "from"),
     (("seed", "prompts_per_step"), "it decides the prompt stream and each step's random numbers, which the resume "
                                     "replays"),
     (("test_split", "synthetic_test", "eval_size"), "it decides the test set of every evaluation of the run"),
@@ -57,9 +59,20 @@ def check_resumable(store_dir: str | Path, run_id: str) -> None:
 
 
 def recorded_config(store_dir: str | Path, run_id: str) -> dict:
-    """The config in force in the run's record (after every change its history holds)."""
+    """The config in force in the run's record (after every change its history holds); ConfigError in one line
+    when its run.json does not read (damaged: not UTF-8, not JSON, not an object) or records no config."""
     check_resumable(store_dir, run_id)
-    config = layout.read_run_json(Path(store_dir), run_id).get("config")
+    path = layout.run_dir(Path(store_dir), run_id) / "run.json"
+    try:
+        record = layout.read_run_json(Path(store_dir), run_id)
+    except (ValueError, OSError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        record = error
+    if not isinstance(record, dict):
+        problem = why(record) if isinstance(record, BaseException) else f"a JSON {type(record).__name__}, not an object"
+        raise ConfigError(f"--resume {run_id}: its record {str(path)!r} is damaged ({problem}), so the run cannot "
+                          f"resume; `fastrl store check {shlex.quote(str(store_dir))}` lists the store's damage; "
+                          "start a new run")
+    config = record.get("config")
     if not isinstance(config, dict):
         raise ConfigError(f"--resume {run_id}: its run.json records no config")
     return config
@@ -69,6 +82,7 @@ def load_resume_config(path: str | Path | None, overrides: list[str], run_id: st
     """Run `run_id`'s recorded config under the config file and the overrides given (the store is the one they
     name, else the default)."""
     store_dir = read_config(path, overrides)[0].store_dir
+    check_store_dir(store_dir)
     record = {key: value for key, value in recorded_config(store_dir, run_id).items() if key not in NOT_COMPARED}
     record = {**BEFORE_THE_KEY, **record}
     return load_config(path, overrides, base=record, base_source=f"run {run_id}'s record")

@@ -17,7 +17,9 @@ loss or config key added elsewhere is checked the same way:
   and `engine` and `recompute_old_logprobs` auto resolved (where the old log-probs come from: the engine's own
   behaviour log-probs, or a recomputation by the trainer's forward);
 - `model` and `dataset` given as local paths that do not exist, and `model` naming no warm start
-  (`embedded-<preset>`, fastrl_core.named_models).
+  (`embedded-<preset>`, fastrl_core.named_models);
+- `store_dir` not empty, and `synthetic_kinds` / `synthetic_levels` naming kinds and levels the synthetic task has;
+- `max_text_chars` auto resolved from the model's context (`model_context`, `data.problems.text_limit`).
 
 `check_environment` is the machine-side part (vLLM installed, a CUDA device visible), run by the trainer.
 """
@@ -182,6 +184,56 @@ def check_model(key: str, value: str, where: str = "") -> None:
     check_source(key, value, "embedded", where)
 
 
+def check_store_dir(value: str, where: str = "") -> None:
+    """A store folder is named: an empty `store_dir` would write into whatever folder the command runs in."""
+    if not str(value).strip():
+        raise ConfigError(f"{where}store_dir={value!r} is empty; name the store's folder (default: runs)")
+
+
+def check_synthetic(kinds: list, levels: list, where: Callable[..., str] = lambda *keys: "") -> None:
+    """`synthetic_kinds` and `synthetic_levels` name kinds and levels of the synthetic task (fastrl_core.data.
+    synthetic.KINDS), and leave at least one (kind, level) pair; ConfigError naming the valid ones."""
+    from fastrl_core.data.synthetic import KINDS, dataset_mix
+
+    valid_levels = sorted({level for name in KINDS.names() for level in KINDS.get(name).levels})
+    for kind in kinds:
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise ConfigError(f"{where('synthetic_kinds')}synthetic_kinds: {kind!r} is not a synthetic task kind; "
+                              f"valid: {', '.join(KINDS.names())}")
+    for level in levels:
+        if isinstance(level, bool) or not isinstance(level, int) or level not in valid_levels:
+            raise ConfigError(f"{where('synthetic_levels')}synthetic_levels: {level!r} is not a level of the "
+                              f"synthetic task; valid: {', '.join(map(str, valid_levels))}")
+    try:
+        dataset_mix(kinds or None, levels or None)
+    except ValueError:
+        has = "; ".join(f"{k}: {', '.join(map(str, KINDS.get(k).levels))}" for k in kinds)
+        raise ConfigError(f"{where('synthetic_kinds', 'synthetic_levels')}synthetic_kinds={kinds} with "
+                          f"synthetic_levels={levels} leaves no task: the kinds' levels are {has}") from None
+
+
+def model_context(model: str) -> int | None:
+    """The model's context in tokens (max_position_embeddings of its text config) from a config on this machine:
+    the shipped or a named warm start's, a local checkpoint's, or a hub model's already in the Hugging Face cache;
+    None otherwise (nothing is downloaded)."""
+    import json
+
+    from fastrl_core.named_models import model_config_value
+
+    tokens = model_config_value(model, "max_position_embeddings")
+    if tokens is not None or _looks_local(model) or model.count("/") != 1:
+        return tokens
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json")
+        config = json.loads(Path(cached).read_text()) if isinstance(cached, str) else {}
+    except (ImportError, OSError, ValueError):
+        return None
+    value = (config.get("text_config") or config).get("max_position_embeddings", config.get("max_position_embeddings"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None) -> RunConfig:
     """`config` checked and resolved into a `RunConfig` (argument values coerced to their parameter types, engine and
     `recompute_old_logprobs` auto decided, the sketch kind); raises ConfigError naming the key, the bad value and
@@ -244,6 +296,12 @@ def resolve_config(config: TrainConfig, *, sources: dict[str, str] | None = None
                           "eval_every >= 1: with eval_every=0 the run is never evaluated")
     check_model("model", config.model, where("model"))
     check_source("dataset", config.dataset, "synthetic", where("dataset"))
+    check_store_dir(config.store_dir, where("store_dir"))
+    check_synthetic(config.synthetic_kinds, config.synthetic_levels, where)
+    if config.max_text_chars is None:
+        from fastrl_core.data.problems import text_limit
+
+        updates["max_text_chars"] = text_limit(model_context(config.model))
 
     updates["recompute_old_logprobs"] = resolve_recompute_old_logprobs(config.engine, config.recompute_old_logprobs)
     return RunConfig(**{**config.options(), **updates}, sketch_kind=sketch_kind)

@@ -43,7 +43,8 @@ def preflight(config: TrainConfig, resume: str | None) -> int | None:
 
 
 def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
-    """The train and test problems; DataError when the train split has fewer problems than one step takes."""
+    """The train and test problems, each text within `max_text_chars` (None: the loader's default); DataError
+    when the train split has fewer problems than one step takes."""
     from fastrl_core.data.problems import load_problems
 
     if config.dataset == "synthetic":
@@ -52,10 +53,12 @@ def load_datasets(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
         root = ensure_dataset(Path(config.store_dir) / "data", n_train=config.synthetic_train,
                               n_test=config.synthetic_test, seed=0, kinds=config.synthetic_kinds or None,
                               levels=config.synthetic_levels or None)
-        train, test = load_problems(root / config.train_split), load_problems(root / config.test_split)
+        train, test = (load_problems(root / split, max_text_chars=config.max_text_chars)
+                       for split in (config.train_split, config.test_split))
     else:
         train, test = (load_problems(config.dataset, split=split, skip_bad=config.dataset_skip_bad,
-                                     allow_outside_paths=config.dataset_allow_outside_paths)
+                                     allow_outside_paths=config.dataset_allow_outside_paths,
+                                     max_text_chars=config.max_text_chars)
                        for split in (config.train_split, config.test_split))
     check_enough_problems(config, train)
     return train, test

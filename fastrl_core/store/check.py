@@ -7,6 +7,11 @@ that nothing is deleted and the store reads clean again. A damaged steps, groups
 step to quarantine (steps file first): a step stays all-or-nothing. A damaged summary file (`store.summary`) goes
 alone: readers then read the step files, and the next `fastrl store compact` writes it anew.
 
+A temp file (`<name>.tmp-<pid>`, what every store write goes through before its rename, and `compact`'s DuckDB file
+while it is built) whose process is not running is what a killed write left: it is never read, but it is named
+(and quarantined) like damage, so a kill during `fastrl store compact` does not leave gigabytes unseen. One whose
+process is running is a write in progress and is left alone (a reused process id hides a leftover until then).
+
 A checkpoint is damaged when its files differ from its manifest (a file missing, truncated or changed:
 `store.manifest`); it is named and quarantined as one folder. One written before manifests cannot be verified
 here: it is counted as unverified (`--resume` tries to load it and falls back when it does not load).
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -26,6 +32,7 @@ from fastrl_core.store.damage import file_problem
 from fastrl_core.store.manifest import has_manifest, manifest_problem
 
 WHOLE_STEP_TABLES = ("steps", "groups", "rollouts")  # needed for a step to be whole; proj and images are extras
+_TEMP_FILE = re.compile(r".*\.tmp-(\d+)(?:\.wal)?")  # layout's temp names; DuckDB adds .wal to compact's
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,35 @@ def check_store(store_dir: str | Path) -> list[Damage]:
             problem = manifest_problem(folder)
             if problem is not None:
                 note(folder, problem)
+    for path, pid in leftover_temp_files(store_dir):
+        note(path, f"a temp file left by process {pid}, which is not running (a write killed midway; never read)")
     return sorted(found, key=lambda d: d.path)
+
+
+def leftover_temp_files(store_dir: Path) -> list[tuple[Path, int]]:
+    """(path, process id) of each temp file in the store (outside quarantine/) whose process is not running."""
+    found = []
+    for folder, dirs, files in os.walk(store_dir):
+        if Path(folder) == Path(store_dir):
+            dirs[:] = [d for d in dirs if d != "quarantine"]
+        for name in files:
+            match = _TEMP_FILE.fullmatch(name)
+            if match and not _running(int(match[1])):
+                found.append((Path(folder) / name, int(match[1])))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (signal 0 checks without signalling)."""
+    if pid <= 0:  # 0 and negative ids would name process groups
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def verified_checkpoints(store_dir: Path, run_id: str) -> list[Path]:
@@ -95,7 +130,8 @@ def quarantine(store_dir: str | Path, damage: Sequence[Damage]) -> list[str]:
     targets: list[Path] = []
     for item in damage:
         path = store_dir / item.path
-        if path.parent.name in WHOLE_STEP_TABLES and path.name.startswith("step_"):
+        if path.parent.name in WHOLE_STEP_TABLES and path.name.startswith("step_") and not _TEMP_FILE.fullmatch(
+                path.name):
             step_dir = path.parent.parent
             targets += [step_dir / table / path.name for table in ("steps", "groups", "rollouts", "proj")]
         else:

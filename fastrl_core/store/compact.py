@@ -15,7 +15,8 @@ from fastrl_core.store import damage, layout, readers, schema, summary
 
 def compact(store_dir: str | Path, run_id: str) -> Path:
     """Write runs/<run_id>/<run_id>.duckdb with tables runs, steps, groups, rollouts (sketch FLOAT[D], projection
-    merged in), evals and images (image_ref, png BLOB) holding the run's visible steps; return its path.
+    merged in), evals and images (image_ref, png BLOB) holding the run's visible steps, after writing the run's
+    summary files (`write_summaries`: first, so a compact killed midway leaves them whole); return the DuckDB file.
 
     Built under a temp name and renamed, so it can run on a live run (it is a snapshot) and readers of an older
     compact file keep theirs. Query it with `duckdb -readonly <file>`. Damaged files are left out as the readers
@@ -23,6 +24,7 @@ def compact(store_dir: str | Path, run_id: str) -> Path:
     """
     store_dir = Path(store_dir).resolve()
     meta = layout.read_run_json(store_dir, run_id)
+    write_summaries(store_dir, run_id)
     steps = readers._run_steps(store_dir, run_id)["step"].astype(int).tolist()
     out = layout.compact_file(store_dir, run_id)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")

@@ -364,16 +364,17 @@ class RunWriter:
     def finish(self, status: str = "finished", error: str | None = None) -> None:
         """Mark the run ended ("finished", "stopped" or "failed", `error`: why, its first line is kept), release
         its lock, write its summary files (`store.summary`), and compact a finished run into
-        runs/<run_id>/<run_id>.duckdb."""
+        runs/<run_id>/<run_id>.duckdb (`compact`, which writes the summaries)."""
         if status not in STATUSES[1:]:
             raise ValueError(f"runs: status {status!r} must be one of {STATUSES[1:]}")
         first_line = next((line.strip() for line in str(error or "").splitlines() if line.strip()), None)
         self.meta.update(status=status, finished=_now(), error=first_line)
         try:
             layout.write_json(self.meta, self._run_dir / "run.json")
-            write_summaries(self.store_dir, self.run_id)
             if status == "finished":
                 compact(self.store_dir, self.run_id)
+            else:
+                write_summaries(self.store_dir, self.run_id)
         finally:
             self.close()
 

@@ -285,6 +285,22 @@ class _ProcessorWithoutVideo:
             return None
         return super().check_argument_for_proper_class(argument_name, argument)
 
+    def save_pretrained(self, save_directory, **kwargs):
+        """Without a video processor, `ProcessorMixin.save_pretrained` fails on it (`'NoneType' object has no
+        attribute '_auto_class'`, e.g. in TRL's checkpoint save): save tokenizer, image processor, chat template and
+        processor class as `save_policy` does, loadable by `load_policy(save_directory)`."""
+        if getattr(self, "video_processor", None) is not None:
+            return super().save_pretrained(save_directory, **kwargs)
+        path = Path(save_directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
+        if self.chat_template:
+            (path / "chat_template.jinja").write_text(self.chat_template)
+        processor_config = {"processor_class": type(self).__name__.replace("Tiny", "")}
+        (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")
+        return [str(path)]
+
 
 class TinyQwen2_5_VLProcessor(_ProcessorWithoutVideo, Qwen2_5_VLProcessor):
     """`Qwen2_5_VLProcessor` for images only, constructible without torchvision."""
@@ -394,6 +410,14 @@ def _read_text(path: str | Path, name: str) -> str | None:
 def _read_json(path: str | Path, name: str) -> dict | None:
     text = _read_text(path, name)
     return json.loads(text) if text is not None else None
+
+
+def load_processor(model: str | Path = "embedded"):
+    """The processor `load_policy` gives `model` (left padding), without loading its weights: a PIL image processor,
+    and no video processor where torchvision is missing (`_load_processor`)."""
+    processor = _load_processor(model_path(str(model)))
+    processor.tokenizer.padding_side = "left"
+    return processor
 
 
 def load_policy(

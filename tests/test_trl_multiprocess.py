@@ -23,6 +23,7 @@ The file is also the worker: torchrun runs it as a script (`python tests/test_tr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,19 +76,23 @@ def worker(out_dir: Path, model_dir: Path) -> None:
         generations: list[dict] = []
         micro_batches: list[int] = []
 
-        def _decide(self, output, local_sketches):
-            decision, keep, topped_up, sketches = super()._decide(output, local_sketches)
+        def _decide(self, output, local_sketches, drawn):
+            decision, sketches, prompts = super()._decide(output, local_sketches, drawn)
             local = output["completion_ids"].shape[0]
             rank = self.accelerator.process_index
+            step = decision.step
             self.generations.append({
                 "completion_ids": output["completion_ids"].cpu(), "completion_mask": output["completion_mask"].cpu(),
                 "advantages": output["advantages"].reshape(local, -1)[:, 0].float().cpu(),
                 "rewards": self._stash["rewards"][rank * local:(rank + 1) * local].clone(),
-                "keep_mask": decision.keep_mask.clone(), "scores": decision.scores.clone(),
-                "reasons": decision.reasons.clone(), "weights": decision.weights.clone(),
-                "keep": keep.clone(), "topped_up": topped_up.clone(), "sketches": sketches.clone(),
-                "local_sketches": local_sketches.cpu()})
-            return decision, keep, topped_up, sketches
+                "keep_mask": step.keep_mask.clone(), "scores": step.pruned.scores.clone(),
+                "reasons": step.pruned.reasons.clone(), "loss_weights": decision.loss_weights.clone(),
+                "keep": decision.keep.clone(), "topped_up": decision.topped_up.clone(), "sketches": sketches.clone(),
+                "local_sketches": local_sketches.cpu(),
+                # the budget: the batch its sampler drew on this process and the state after this generation
+                "drawn": None if drawn is None else (drawn.chosen, drawn.skipped, drawn.drawn_at),
+                "budget_state": json.dumps(self.fastrl_budget_state, sort_keys=True)})
+            return decision, sketches, prompts
 
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
@@ -176,7 +181,6 @@ def test_it_really_ran_as_two_gloo_processes(launched):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_process_takes_the_decision_one_process_takes_on_the_same_batch(launched, scenario):
-    from fastrl_core.algo.groups import GroupBatch
     from fastrl_core.integrations.trl import decide_global
 
     _, runs = launched
@@ -196,17 +200,44 @@ def test_every_process_takes_the_decision_one_process_takes_on_the_same_batch(la
         grouped = rewards.view(-1, NUM_GENERATIONS)
         expected = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
         torch.testing.assert_close(advantages, expected.flatten())
-        decision, keep, topped_up = decide_global(
-            GroupBatch(group_ids, rewards, advantages, sketches), pruner="fastrl", keep_ratio=KEEP_RATIO,
-            min_keep=MIN_KEEP, pruner_args={}, seed=SEED, generation=generation, num_processes=WORLD_SIZE,
-            multiple=STEPS_PER_GENERATION)
+        width = max(s["completion_ids"].shape[1] for s in seen)  # padded across processes, as the trainer gathers
+
+        def padded(key: str) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(s[key].long(), (0, width - s[key].shape[1])) for s in seen])
+
+        global_decision = decide_global(
+            rewards=rewards, advantages=advantages, group_ids=group_ids, num_groups=int(group_ids.max()) + 1,
+            completion_ids=padded("completion_ids"), completion_mask=padded("completion_mask").bool(),
+            sketches=sketches, pruner="fastrl", keep_ratio=KEEP_RATIO, min_keep=MIN_KEEP, pruner_args={}, seed=SEED,
+            generation=generation, num_processes=WORLD_SIZE, multiple=STEPS_PER_GENERATION,
+            accuracy=(rewards > 0).float())
+        decision = global_decision.step.pruned
         for s in seen:
             torch.testing.assert_close(s["sketches"], sketches, rtol=0, atol=0)
             assert torch.equal(s["keep_mask"], decision.keep_mask) and torch.equal(s["reasons"], decision.reasons)
-            assert torch.equal(s["keep"], keep) and torch.equal(s["topped_up"], topped_up)
+            assert torch.equal(s["keep"], global_decision.keep) and torch.equal(s["topped_up"],
+                                                                               global_decision.topped_up)
             torch.testing.assert_close(s["scores"], decision.scores, rtol=0, atol=0, equal_nan=True)
-            torch.testing.assert_close(s["weights"], decision.weights, rtol=0, atol=0)
+            torch.testing.assert_close(s["loss_weights"], global_decision.loss_weights, rtol=0, atol=0)
         assert decision.keep_mask[_rows(scenario, 0)].any()  # rank 0 has varied rewards: its pruner keeps some
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_budget_samples_and_updates_identically_on_every_process(launched, scenario):
+    """pruner fastrl brings the adaptive budget (the default): each process's sampler drew the same prompts and
+    skipped the same ones, at the same lag, and its state after every generation is the same on both."""
+    from fastrl_core.store import list_runs, read_runs
+
+    root, runs = launched
+    records = runs[scenario]
+    for generation in range(GENERATIONS):
+        seen = [record["generations"][generation] for record in records]
+        assert seen[0]["drawn"] is not None and seen[0]["drawn"] == seen[1]["drawn"]
+        assert seen[0]["budget_state"] == seen[1]["budget_state"]
+        assert '"controller": "adaptive"' in seen[0]["budget_state"]
+    store_dir = root / scenario / "store"
+    (run_id,) = list_runs(store_dir)
+    assert read_runs(store_dir).set_index("run_id").loc[run_id, "budget"] == "adaptive"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

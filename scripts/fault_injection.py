@@ -10,7 +10,8 @@ step's write, after an evaluation, at each stage of a checkpoint swap; FASTRL_KI
 random delay. While killed, the store's readers must open it (every run, every table). Then `--resume` runs,
 itself killed again at random with probability 1/3, until the run finishes. After each trial every step and every
 evaluation must be present exactly once, the steps must equal an uninterrupted run's (exact resume), and
-`fastrl store check` must find no damaged file.
+`fastrl store check` must find no damaged file: while killed, only the temp file of a write killed midway (named,
+never read), and at the end nothing (the resumed run's writer removes those temp files).
 
 The damaged-checkpoint trials kill a run just after its second checkpoint (or its first), then damage the newest
 checkpoint as a disk or a copy might: a truncated trainer.pt, one flipped bit in a random file, or a random file
@@ -159,7 +160,7 @@ def kill_trial(store: Path, index: int, rng: random.Random, duration: float, ref
     else:
         kills, landed = 1, [f"at {kill.split(':')[0]}" if ":" in kill else where_it_landed(store, run_id)]
     reader_errors = readers_open(store)
-    damaged = len(check_store(store))
+    damaged, temps = killed_store(store)
     launches = 1
     while run_id is None or read_runs(store).set_index("run_id").loc[run_id, "status"] != "finished":
         command = train_command(store, name, resume=run_id)
@@ -173,9 +174,17 @@ def kill_trial(store: Path, index: int, rng: random.Random, duration: float, ref
             kills += 1
             landed.append(where_it_landed(store, run_id))
             reader_errors += readers_open(store)
-            damaged += len(check_store(store))
+            damaged, temps = map(sum, zip((damaged, temps), killed_store(store)))
     return {"trial": name, "kill": kill, "kills": kills, "landed": landed, "launches": launches,
-            "reader_errors": reader_errors, "damaged": damaged, **verify(store, run_id, reference)}
+            "reader_errors": reader_errors, "damaged": damaged, "temp_files": temps, **verify(store, run_id, reference)}
+
+
+def killed_store(store: Path) -> tuple[int, int]:
+    """(damaged files, temp files) `store check` names in a store just killed: a write killed midway leaves its
+    temp file (named, never read, removed by the next writer), never a damaged file."""
+    found = check_store(store)
+    temps = sum(d.temp_file for d in found)
+    return len(found) - temps, temps
 
 
 DAMAGES = ("truncated", "bit-flipped", "missing")
@@ -298,6 +307,7 @@ def run_campaign(trials: int, seed: int, workdir: Path, *, disk_full: bool = Tru
         "finished": sum(r["finished"] for r in results), "exact": sum(r["exact"] for r in results),
         "reader_errors": sum(len(r["reader_errors"]) for r in results),
         "files_damaged": sum(r["damaged"] for r in results),
+        "temp_files_left": sum(r["temp_files"] for r in results),
         "files_skipped_by_readers": len(damaged_files(store)),
         "store_check_at_end": len(check_store(store)),
         "trials": results,
@@ -331,6 +341,7 @@ def report(figures: dict) -> str:
              f"{figures['evals_lost']}, doubled {figures['evals_doubled']}; steps with missing or extra rollouts "
              f"{figures['rollouts_mismatched']}",
              f"reader errors while killed {figures['reader_errors']}; files damaged {figures['files_damaged']}, "
+             f"temp files left by killed writes {figures['temp_files_left']} (removed by the resumed run), "
              f"skipped by readers {figures['files_skipped_by_readers']}; `store check` at the end: "
              f"{figures['store_check_at_end']} damaged"]
     damaged = figures.get("damaged_checkpoints")

@@ -469,3 +469,22 @@ def test_fastrl_train_resume_of_a_damaged_run_json_is_one_line(tmp_path):
     (tmp_path / "store" / "runs" / run_id / "run.json").write_text('{"config": {')
     line = _fastrl(tmp_path, "train", "--resume", run_id, f"store_dir={tmp_path / 'store'}")
     assert line.startswith(f"fastrl: error: --resume {run_id}: its record ") and "is damaged (" in line
+
+
+def test_the_next_writer_removes_the_store_database_temp_file_a_killed_process_left(tmp_path):
+    """A process killed while it rebuilt `store.duckdb` leaves `store.duckdb.tmp-<pid>[.wal]` at the store's top,
+    outside every run folder: `store check` names it as a temp file (not damaged data), and the next writer removes
+    it while a live process's temp file stays (the fault-injection campaign found two left at its end)."""
+    from fastrl_core.store import check_store, layout
+
+    run_id = _fake_run(tmp_path, finish=False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = [tmp_path / f"store.duckdb.tmp-{int(dead.stdout)}", tmp_path / f"store.duckdb.tmp-{int(dead.stdout)}.wal"]
+    live = tmp_path / f"store.duckdb.tmp-{os.getppid()}"  # a write in progress (this test's parent is running)
+    for path in (*left, live):
+        path.write_bytes(b"junk")
+    damage = check_store(tmp_path)
+    assert [d.path for d in damage] == sorted(p.name for p in left) and all(d.temp_file for d in damage)
+    layout.init_store(tmp_path)
+    assert not any(p.exists() for p in left) and live.exists() and check_store(tmp_path) == []
+    assert run_id in layout.list_runs(tmp_path)

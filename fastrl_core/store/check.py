@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -32,13 +31,17 @@ from fastrl_core.store.damage import file_problem
 from fastrl_core.store.manifest import has_manifest, manifest_problem
 
 WHOLE_STEP_TABLES = ("steps", "groups", "rollouts")  # needed for a step to be whole; proj and images are extras
-_TEMP_FILE = re.compile(r".*\.tmp-(\d+)(?:\.wal)?")  # layout's temp names; DuckDB adds .wal to compact's
 
 
 @dataclass(frozen=True)
 class Damage:
     path: str  # relative to the store
     problem: str  # "missing" or the reader's first error line
+
+    @property
+    def temp_file(self) -> bool:
+        """A killed write's temp file (never read; the run's next writer removes it), not damaged data."""
+        return layout.TEMP_FILE.fullmatch(Path(self.path).name) is not None
 
 
 def check_store(store_dir: str | Path) -> list[Damage]:
@@ -91,23 +94,10 @@ def leftover_temp_files(store_dir: Path) -> list[tuple[Path, int]]:
         if Path(folder) == Path(store_dir):
             dirs[:] = [d for d in dirs if d != "quarantine"]
         for name in files:
-            match = _TEMP_FILE.fullmatch(name)
-            if match and not _running(int(match[1])):
-                found.append((Path(folder) / name, int(match[1])))
+            pid = layout.stale_temp_pid(name)
+            if pid is not None:
+                found.append((Path(folder) / name, pid))
     return found
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` runs on this machine (signal 0 checks without signalling)."""
-    if pid <= 0:  # 0 and negative ids would name process groups
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def verified_checkpoints(store_dir: Path, run_id: str) -> list[Path]:
@@ -130,7 +120,7 @@ def quarantine(store_dir: str | Path, damage: Sequence[Damage]) -> list[str]:
     targets: list[Path] = []
     for item in damage:
         path = store_dir / item.path
-        if path.parent.name in WHOLE_STEP_TABLES and path.name.startswith("step_") and not _TEMP_FILE.fullmatch(
+        if path.parent.name in WHOLE_STEP_TABLES and path.name.startswith("step_") and not layout.TEMP_FILE.fullmatch(
                 path.name):
             step_dir = path.parent.parent
             targets += [step_dir / table / path.name for table in ("steps", "groups", "rollouts", "proj")]

@@ -166,6 +166,29 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")
 
 
+TEMP_FILE = re.compile(r".*\.tmp-(\d+)(?:\.wal)?")  # `_tmp`'s names; DuckDB adds .wal to a database's
+
+
+def stale_temp_pid(name: str) -> int | None:
+    """The process id in a temp file's name (`<name>.tmp-<pid>[.wal]`) when that process is not running: what a
+    killed write left (never read). None for other names and for a write in progress."""
+    match = TEMP_FILE.fullmatch(name)
+    return int(match[1]) if match and not _running(int(match[1])) else None
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (signal 0 checks without signalling)."""
+    if pid <= 0:  # 0 and negative ids would name process groups
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 ROLLOUT_ROW_GROUP = 64  # rows per row group of a rollouts file: one rollout's tokens are read with 63 others,
 #                        not with the whole step (read_tokens; benchmarks/bench_store_scale.py)
 IMAGE_ROW_GROUP = 8  # images per row group of an images file, sorted by image_ref: read_image reads 8, not all
@@ -362,6 +385,9 @@ def init_store(store_dir: Path) -> None:
             seed.parent.mkdir(parents=True, exist_ok=True)
             write_parquet(schema.arrow_schema(key, columns).empty_table(), seed)
     database = store_dir / "store.duckdb"
+    for entry in os.scandir(store_dir):  # what a process killed here left (every run's writer comes through here)
+        if entry.name.startswith(f"{database.name}.tmp-") and stale_temp_pid(entry.name) is not None:
+            Path(entry.path).unlink(missing_ok=True)
     tmp = _tmp(database)
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp), config={"file_search_path": str(store_dir.resolve())})

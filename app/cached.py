@@ -55,6 +55,11 @@ def latest_step(run_id: str) -> int | None:
     return store.latest_step(_key(), run_id)
 
 
+def eval_count(run_id: str) -> int:
+    """How many evaluation files the run has (a directory listing, not cached)."""
+    return len(store.layout.eval_files(_key(), run_id))
+
+
 def version(run_id: str) -> tuple[int, int]:
     """The cache version of a run's data (`store.run_version`, one stat): it changes when a step appears, is
     re-written, or disappears (moved to quarantine by `fastrl store check --quarantine`), so a page already open

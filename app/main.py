@@ -8,11 +8,12 @@ a ":material/...:" page icon would be fetched from fonts.gstatic.com), and the M
 from the font Streamlit serves itself.
 """
 
+import time
 from pathlib import Path
 
 import streamlit as st
 
-from fastrl_app import cached
+from fastrl_app import cached, widgets
 
 PAGES = Path(__file__).parent / "views"
 FAVICON = "⚡"
@@ -32,5 +33,9 @@ navigation = st.navigation([
     st.Page(PAGES / "embeddings.py", title="Embeddings", icon=":material/scatter_plot:", url_path="embeddings"),
     st.Page(PAGES / "demo.py", title="Demo", icon=":material/slideshow:", url_path="demo"),
 ])
-navigation.run()
+started = time.monotonic()
+try:
+    navigation.run()
+finally:  # also on st.stop(): what drawing the page cost, which paces its live redraws (widgets.redraw_on_change)
+    widgets.page_drawn(started)
 cached.damage_notice()  # the damaged store files the page's reads skipped, named (widgets.stop does it on a stop)

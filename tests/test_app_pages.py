@@ -424,7 +424,7 @@ def _values(encoded) -> list:
 def test_budget_page_reads_a_new_step_of_a_live_run(monkeypatch, tmp_path):
     writer = write_run(tmp_path, "fastrl", steps=3, finish=False)
     at = open_page(monkeypatch, tmp_path, "budget")
-    assert metrics(at)["Latest step"] == "2" and "refreshes every" in texts(at)
+    assert metrics(at)["Latest step"] == "2" and "redraws at each new step" in texts(at)
     writer.write_step(3, **step_kwargs(3, "fastrl", {}))
     at.run()
     assert metrics(at)["Latest step"] == "3"

@@ -122,7 +122,7 @@ def budget() -> None:
     st.caption(f"Rollouts sampled for {paged} at every step {first}–{last}{binned} (blank: not drawn; hover for "
                "how many were kept). A prompt's budget changes between visits as the controller learns how "
                "informative it is.")
-    widgets.rerun_when_finished(run_id, live)
 
 
-st.fragment(budget, run_every=widgets.LIVE_EVERY if live else None)()
+widgets.redraw_on_change("budget", [run_id], widgets.LIVE_EVERY if live else None)
+st.fragment(budget)()  # a widget inside redraws only this part

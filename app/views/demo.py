@@ -141,8 +141,9 @@ def story() -> None:
                + report.left_out_sentence(left_out))
 
 
-# Always polling (slowly when nothing trains): a demo's runs may appear or finish at any time.
-st.fragment(story, run_every=widgets.LIVE_EVERY if live else "10s")()
+# Always watching (slowly when nothing trains): a demo's runs may appear or finish at any time.
+widgets.redraw_on_change("demo", None, widgets.LIVE_EVERY if live else widgets.IDLE_EVERY)
+st.fragment(story)()
 
 st.header("Hand it over")
 if st.button("Prepare the HTML report", key="demo_report_button"):

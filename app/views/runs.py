@@ -12,6 +12,8 @@ from fastrl_core.store.schema import PHASES
 
 st.title("Runs")
 runs = widgets.runs_or_wait(totals=True)
+live = any(widgets.status(r) == "running" for _, r in runs.iterrows())
+widgets.redraw_on_change("runs", None, widgets.LIVE_EVERY if live else None)
 
 st.caption(f"Store `{cached.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "
            "training, evaluation excluded).")
@@ -19,7 +21,7 @@ st.caption(f"Store `{cached.store_dir()}` · {len(runs)} runs. Times are the tra
 
 def split_totals(run_ids) -> dict[str, dict]:
     """Run id -> where its nominal rollouts went (`savings.split_totals`), for the runs whose steps record the
-    split; read when asked, so a live fragment sees new steps."""
+    split."""
     return {run_id: savings.split_totals(savings.rollout_split(run_steps)) for run_id in run_ids
             if savings.has_split(run_steps := cached.steps([run_id]))}
 
@@ -48,7 +50,6 @@ if len(changes):
     st.dataframe(changes, hide_index=True, width="stretch", key="config_changes")
     st.caption("Keys a resume was explicitly allowed to change (`fastrl train --resume RUN --allow-change KEY`), "
                "each from the step it applies to: the run's steps before it ran with the value before.")
-live = any(widgets.status(r) == "running" for _, r in runs.iterrows())
 labels = metrics.run_labels(runs.sort_values("started", kind="stable"))
 X_AXES = {"training seconds": ("wall_time", "training seconds"), "CPU seconds": ("cpu_time", "CPU seconds"),
           "rollouts sampled": ("rollouts", "rollouts sampled"), "step": ("step", "step")}
@@ -127,7 +128,7 @@ def methods_section() -> None:
                    "update.")
 
 
-st.fragment(methods_section, run_every=widgets.LIVE_EVERY if live else None)()
+st.fragment(methods_section)()  # a widget inside redraws only this part
 
 st.header("Where each run's rollouts went")
 split_rows = [{"run": f"{method} · {run_id}", **splits[run_id]}
@@ -151,7 +152,6 @@ left, right = st.columns(2)
 x_axis = left.radio("x-axis", ["wall-clock seconds", "step"], horizontal=True, key="compare_x")
 accuracy_source = right.radio("accuracy", ["eval (greedy, held-out)", "train rollouts (5-step mean)"],
                               horizontal=True, key="compare_accuracy")
-picked_live = any(widgets.status(r) == "running" for _, r in runs[runs["run_id"].isin(chosen)].iterrows())
 
 
 def compare() -> None:
@@ -199,4 +199,4 @@ def compare() -> None:
                "none, budget fixed, same objective) with this seed among the chosen runs.")
 
 
-st.fragment(compare, run_every=widgets.LIVE_EVERY if picked_live else None)()
+st.fragment(compare)()

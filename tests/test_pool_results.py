@@ -1,0 +1,62 @@
+"""benchmarks/pool_results.py: seeds of one config from several bench outputs, compared by metrics' definitions."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _pool():
+    spec = importlib.util.spec_from_file_location("pool_results", REPO / "benchmarks" / "pool_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results(path: Path, seeds: dict[int, dict[str, tuple[float, list[float]]]], config: str = "paper-wide") -> Path:
+    """A results.json: per seed, per method (seconds a step, accuracies at steps 0, 5, 10, 15); 15 steps a run."""
+    runs, curves = [], {}
+    for seed, methods in seeds.items():
+        for method, (per_step, accuracies) in methods.items():
+            run_id = f"bench-{method}-seed{seed}"
+            runs.append({"run_id": run_id, "method": method, "seed": seed, "steps": 15,
+                         "train_seconds": 15 * per_step})
+            curves[run_id] = [{"step": 5 * i, "wall_time": 5 * i * per_step, "cpu_time": 0.0, "rollouts": 640.0 * i,
+                               "accuracy": a} for i, a in enumerate(accuracies)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"config": config, "overrides": [], "split": "test", "runs": runs, "curves": curves}))
+    return path
+
+
+def test_two_outputs_pool_into_paired_figures_by_hand(tmp_path):
+    pool = _pool()
+    a = _results(tmp_path / "a/results.json", {0: {"grpo": (10.0, [0.2, 0.3, 0.4, 0.5]),
+                                                   "fastrl": (5.0, [0.2, 0.4, 0.5, 0.5])}})
+    b = _results(tmp_path / "b/results.json", {1: {"grpo": (10.0, [0.2, 0.3, 0.5, 0.5]),
+                                                   "fastrl": (4.0, [0.2, 0.3, 0.4, 0.4])}})
+    table, curves, config = pool.load([a, b])
+    assert config == "paper-wide" and sorted(table["seed"].unique()) == [0, 1]
+    target, rows = pool.compare(table, curves, "grpo")
+    # final accuracy: mean of the last 3 evaluations after step 0; grpo 0.4 and 0.4333, acc0 0.2
+    assert target == pytest.approx(0.2 + 0.9 * ((0.4 + 1.3 / 3) / 2 - 0.2))
+    fastrl = rows.set_index("method").loc["fastrl"]
+    # trailing means of 3: fastrl seed 0 0.4, 0.45, 0.4667 -> reaches 0.3950 at step 5 (25 s); seed 1 never does
+    # grpo seed 0 0.3, 0.35, 0.4 -> step 15 (150 s); seed 1 0.3, 0.4, 0.4333 -> step 10 (100 s)
+    assert fastrl["reached"] == 1 and fastrl["target_speedup"].mean == pytest.approx(150 / 25)
+    assert math.isnan(fastrl["target_speedup"].low)  # one pair: no interval
+    assert fastrl["step_speedup"].mean == pytest.approx(math.sqrt(2.0 * 2.5)) and fastrl["step_speedup"].n == 2
+    assert fastrl["accuracy_difference"].mean == pytest.approx(100 * ((1.4 / 3 - 0.4) + (1.1 / 3 - 1.3 / 3)) / 2)
+
+
+def test_different_configs_and_a_seed_twice_are_refused(tmp_path):
+    pool = _pool()
+    one = {0: {"grpo": (10.0, [0.2, 0.3, 0.4, 0.5])}}
+    a = _results(tmp_path / "a/results.json", one)
+    with pytest.raises(SystemExit, match="different regimes"):
+        pool.load([a, _results(tmp_path / "b/results.json", one, config="paper")])
+    with pytest.raises(SystemExit, match="grpo seed 0"):
+        pool.load([a, _results(tmp_path / "c/results.json", one)])

@@ -12,10 +12,7 @@ What a pruner reads comes from its registry entry (`PRUNERS.get(name).reads_toke
 from its name. Tensors and plain scalars in, a frozen `StepDecision` out; randomness only through the passed
 generator; no I/O.
 
-Group statistics (the same definitions as the store's `store.step_rows.group_stats`, which the store keeps for
-its own NumPy-only rows; tests/test_decide.py checks they agree): the reward mean over a group's non-NaN rewards
-(NaN if all are NaN, 0 for a group with no rollouts), the population std over them (exactly 0 below `ZERO_STD`), in
-float64.
+Group statistics are `algo.group_stats`, the definition the store records too.
 """
 
 from __future__ import annotations
@@ -28,8 +25,8 @@ from torch import Tensor
 from fastrl_core.algo.advantages import compute_advantages
 from fastrl_core.algo.budget_base import PromptOutcomes
 from fastrl_core.algo.duplicates import Duplicates, find_duplicates, prune_distinct
+from fastrl_core.algo.group_stats import group_stats
 from fastrl_core.algo.groups import GroupBatch, PruneResult
-from fastrl_core.algo.numerics import ZERO_STD
 from fastrl_core.algo.pruners import PRUNERS
 
 
@@ -75,31 +72,17 @@ class StepDecision:
 
 def group_outcome(rewards: Tensor, group_ids: Tensor, keep_mask: Tensor, num_groups: int,
                   accuracy: Tensor | None = None) -> GroupOutcome:
-    """Statistics of `num_groups` groups from rewards, group_ids (in [0, G)), keep_mask and accuracy, all (N,)."""
-    rewards = rewards.detach().cpu().double().reshape(-1)
-    group_ids = group_ids.detach().cpu().long().reshape(-1)
-    keep_mask = keep_mask.detach().cpu().bool().reshape(-1)
-    if not rewards.shape == group_ids.shape == keep_mask.shape:
-        raise ValueError(f"group_outcome: rewards {tuple(rewards.shape)}, group_ids {tuple(group_ids.shape)} and "
-                         f"keep_mask {tuple(keep_mask.shape)} must have one entry per rollout")
-    if group_ids.numel() and (int(group_ids.min()) < 0 or int(group_ids.max()) >= num_groups):
-        raise ValueError(f"group_outcome: group_ids must lie in [0, {num_groups})")
-    sampled = torch.bincount(group_ids, minlength=num_groups)
-    kept = torch.bincount(group_ids[keep_mask], minlength=num_groups)
-    present = ~torch.isnan(rewards)
-    ids, values = group_ids[present], rewards[present]
-    counted = torch.bincount(ids, minlength=num_groups)
-    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, ids, values)
-    empty = torch.where(sampled > 0, float("nan"), 0.0).double()
-    mean = torch.where(counted > 0, total / counted.clamp(min=1), empty)
-    squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, ids, (values - mean[ids]) ** 2)
-    std = torch.sqrt(squares / counted.clamp(min=1))
-    std = torch.where(std < ZERO_STD, 0.0, std)
+    """Statistics of `num_groups` groups from rewards, group_ids (in [0, G)), keep_mask and accuracy, all (N,):
+    `algo.group_stats` as tensors, and the mean accuracy."""
+    stats = group_stats(rewards, group_ids, keep_mask, num_groups)
+    sampled = torch.from_numpy(stats.sampled)
     accuracy_mean = None
     if accuracy is not None:
         accuracy = accuracy.detach().cpu().float().reshape(-1)
+        group_ids = group_ids.detach().cpu().long().reshape(-1)
         accuracy_mean = torch.zeros(num_groups).index_add_(0, group_ids, accuracy) / sampled.clamp(min=1)
-    return GroupOutcome(mean, std, sampled, kept, accuracy_mean)
+    return GroupOutcome(torch.from_numpy(stats.reward_mean), torch.from_numpy(stats.reward_std), sampled,
+                        torch.from_numpy(stats.kept), accuracy_mean)
 
 
 def decide_step(*, rewards: Tensor, group_ids: Tensor, num_groups: int, advantage: str | Tensor,

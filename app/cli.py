@@ -60,14 +60,17 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from fastrl_core.config import ConfigError
-    from fastrl_core.data.problems import load_problems
+    from fastrl_core.data.problems import load_problems, text_limit
     from fastrl_core.data.templates import TEMPLATES
-    from fastrl_core.run_config import check_model, check_source
+    from fastrl_core.run_config import check_model, check_source, model_context
 
     if args.template not in TEMPLATES:  # before any dataset or model loads
         raise ConfigError(f"--template {args.template!r} is unknown; valid: {', '.join(sorted(TEMPLATES))}")
     check_model("--model", str(args.model))
     check_source("--dataset", args.dataset, "synthetic")
+    if args.max_text_chars is not None and args.max_text_chars < 1:
+        raise ConfigError(f"--max-text-chars {args.max_text_chars}: must be at least 1")
+    max_text_chars = args.max_text_chars or text_limit(model_context(str(args.model)))
     from fastrl_core.evaluate import evaluate
     from fastrl_core.named_models import model_path
     from fastrl_core.policy import load_policy
@@ -76,10 +79,11 @@ def _eval(args: argparse.Namespace) -> int:
     if args.dataset == "synthetic":
         from fastrl_core.data.synthetic import ensure_dataset
 
-        problems = load_problems(ensure_dataset(Path(args.store) / "data") / args.split, limit=args.limit)
+        problems = load_problems(ensure_dataset(Path(args.store) / "data") / args.split, limit=args.limit,
+                                 max_text_chars=max_text_chars)
     else:
         problems = load_problems(args.dataset, split=args.split, limit=args.limit, skip_bad=args.skip_bad,
-                                 allow_outside_paths=args.allow_outside_paths)
+                                 allow_outside_paths=args.allow_outside_paths, max_text_chars=max_text_chars)
     policy = load_policy(model_path(str(args.model)))
     result = evaluate(policy, problems, template=args.template, batch_size=args.batch_size)
     writer = RunWriter(args.store, name=f"eval-{Path(str(args.model)).name}", config=vars(args), model=str(args.model),
@@ -190,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted) instead of failing")
     p.add_argument("--allow-outside-paths", action="store_true", help="let the dataset's image paths lead outside "
                    "its folder (absolute, '..', symlinks); without it such a row is a bad row")
+    p.add_argument("--max-text-chars", type=int, default=None, help="longest question or answer in characters; a "
+                   "longer row is a bad row (default: from the model's context, as `fastrl train` sets it)")
     p.add_argument("--store", default="runs", help="store directory the result is written to (default: %(default)s)")
     p.set_defaults(func=_eval)
 

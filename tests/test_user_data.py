@@ -464,6 +464,22 @@ def test_fastrl_train_refuses_bad_data_in_one_line_with_exit_2(tmp_path, case):
     assert not store_dir.exists()  # refused before the store, a model or the synthetic data
 
 
+def test_fastrl_eval_bounds_text_by_the_models_context_as_train_does(tmp_path):
+    """`fastrl eval` read a dataset with the loader's default limit (131,072 characters), not the model's: a question
+    that `fastrl train` refuses was tokenised whole. Now the same one line, before the model loads; a larger
+    `--max-text-chars` lets it through to the loader's other checks."""
+    folder = _dataset(tmp_path / "ds", {f"{i}.png": _diagram() for i in range(3)})
+    lines = (folder / "problems.jsonl").read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b"How many lines?", b"x" * 20_000)
+    (folder / "problems.jsonl").write_bytes(b"".join(lines[:3]))
+    line = _fastrl(tmp_path, "eval", "--dataset", str(folder), "--store", str(tmp_path / "store"))
+    assert line == (f"fastrl: error: {folder / 'problems.jsonl'}: row 1 (id 'p1'): the question is 20,000 "
+                    "characters, over the limit of 4,096 (max_text_chars)")
+    line = _fastrl(tmp_path, "eval", "--dataset", str(folder), "--max-text-chars", "0")
+    assert line == "fastrl: error: --max-text-chars 0: must be at least 1"
+    assert not (tmp_path / "store").exists()
+
+
 def test_fastrl_train_resume_of_a_damaged_run_json_is_one_line(tmp_path):
     run_id = _fake_run(tmp_path / "store")
     (tmp_path / "store" / "runs" / run_id / "run.json").write_text('{"config": {')

@@ -98,12 +98,19 @@ def _mark(trainers: dict[str, SteppedRun], failed: str | None, error: BaseExcept
             trainer.writer.close()
 
 
+def _nominal(row: dict) -> int:
+    """The rollouts plain GRPO samples in this step (`rollouts_nominal`; the sampled ones where it is not recorded)."""
+    nominal = row.get("rollouts_nominal")
+    return int(nominal) if nominal is not None and nominal == nominal else int(row["rollouts_sampled"])
+
+
 def run_interleaved(trainers: dict[str, SteppedRun], *, progress: bool = False, label: str | None = None,
                     on_step: StepCallback | None = None) -> dict[str, str]:
     """Train these runs to their end, one step each in turn; returns name -> run id.
 
     progress: one bar over every run's steps, named `label` (default: the run's name, or "N runs"); its postfix:
-    the run that just stepped, its reward, accuracy, kept share, rollouts per prompt and last test accuracy.
+    the run that just stepped, its reward, accuracy, kept share (of the rollouts plain GRPO would sample, the
+    dashboard's "kept"), rollouts per prompt and last test accuracy.
     on_step(name, trainer, steps row, test accuracy or None) after each step, its evaluation and checkpoint (a demo
     or a log line)."""
     current: str | None = None
@@ -138,7 +145,7 @@ def run_interleaved(trainers: dict[str, SteppedRun], *, progress: bool = False, 
                     bar.update(1)
                     bar.set_postfix(**({"run": current} if len(trainers) > 1 else {}),
                                     reward=f"{row['reward_mean']:.2f}", acc=f"{row['accuracy']:.2f}",
-                                    kept=f"{row['rollouts_kept'] / max(row['rollouts_sampled'], 1):.2f}",
+                                    kept=f"{row['rollouts_kept'] / max(_nominal(row), 1):.2f}",
                                     n=f"{row['rollouts_per_prompt']:.1f}",
                                     **({"test": f"{last_eval[current]:.3f}"} if current in last_eval else {}))
                     if on_step is not None:

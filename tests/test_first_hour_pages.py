@@ -50,6 +50,11 @@ def test_kept_is_one_share_of_the_nominal_rollouts_on_every_page(monkeypatch, tm
     sentence = f"{kept:,} ({share:.0%}) kept for the passes"
     assert sentence in texts(open_page(monkeypatch, tmp_path, "budget", run=run_ids["fastrl"]))
     assert sentence in texts(open_page(monkeypatch, tmp_path, "demo", run=run_ids["fastrl"]))
+    from fastrl_core.run_loop import _nominal  # the console's progress bar: kept of the same nominal rollouts
+
+    assert [row["rollouts_kept"] / _nominal(row) for row in steps.to_dict("records")] == pytest.approx(
+        (steps["rollouts_kept"] / steps["rollouts_nominal"]).tolist())
+    assert _nominal({"rollouts_nominal": float("nan"), "rollouts_sampled": 64}) == 64  # a store before the split
 
 
 def test_the_runs_page_shows_each_table_and_the_phase_chart_once(monkeypatch, tmp_path):

@@ -18,9 +18,10 @@ loading placeholder left, every Plotly chart drawn). The kinds, in this order in
   map     a box selection on the Embeddings map, two boxes in turn, once the map is UMAP's (the page shows PCA
           until its background fit is done; after `--umap-timeout` s the PCA map is used, and the output says so).
 Prints each kind's median and max (s) against the target, median <= 0.5 s and no interaction over 1.5 s, and the
-same over every interaction. Times include Playwright's own dispatch of the input. The Demo page polls every 10 s
-even when nothing trains: a poll that happens to start inside an interaction's wait ends that wait early (rare;
-the result of the interaction was then already drawn or is drawn by the poll). Run on a quiet machine: other work
+same over every interaction. Times include Playwright's own dispatch of the input. The Demo page checks for new
+runs every 10 s even when nothing trains (a small fragment, `widgets.redraw_on_change`): a check that happens to
+start inside an interaction's wait may end that wait early (rare; it runs for milliseconds, and the result of the
+interaction is then usually drawn already). Run on a quiet machine: other work
 inflates every figure. bench_pages.py times first loads of each page in fresh browser contexts instead.
 """
 

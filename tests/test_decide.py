@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fastrl_core.algo.decide import decide_step, group_outcome
 from fastrl_core.algo.groups import Reason
 from fastrl_core.algo.pruners import PRUNERS
-from fastrl_core.store import group_stats
+from fastrl_core.algo.group_stats import group_stats
 
 
 def _batch(seed: int = 0, groups: int = 4, per_group: int = 4, length: int = 5):

@@ -7,7 +7,7 @@ import pytest
 
 from fastrl_core.algo.budget_base import decided
 from fastrl_core.algo.numerics import ZERO_STD
-from fastrl_core.store.step_rows import group_stats
+from fastrl_core.algo.group_stats import group_stats
 from fastrl_core.trainer import PromptSampler, step_seed
 
 

@@ -9,7 +9,8 @@ import torch
 
 from fastrl_core.store import RunWriter, read_groups, read_rollouts, read_steps, read_tokens, schema
 from fastrl_core.store.fake_runs import prompt_png
-from fastrl_core.store.step_rows import StepRecord, group_stats, step_rows
+from fastrl_core.algo.group_stats import group_stats
+from fastrl_core.store.step_rows import StepRecord, step_rows
 from fastrl_core.store.writer import image_key
 
 

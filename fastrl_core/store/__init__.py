@@ -32,13 +32,13 @@ from fastrl_core.store.readers import (
     run_states,
 )
 from fastrl_core.store.schema import PHASES
-from fastrl_core.store.step_rows import GroupStats, StepRecord, StepTables, group_stats, step_rows
+from fastrl_core.store.step_rows import StepRecord, StepTables, step_rows
 from fastrl_core.store.writer import RunWriter, image_key
 
 __all__ = [
-    "PHASES", "SAMPLED_SUFFIX", "DamagedFile", "GroupStats", "RunLocked", "RunWriter", "check_store", "damaged_files",
+    "PHASES", "SAMPLED_SUFFIX", "DamagedFile", "RunLocked", "RunWriter", "check_store", "damaged_files",
     "quarantine", "read_reason_counts", "read_tokens", "run_version",
-    "run_state", "run_states", "StepRecord", "StepTables", "compact", "group_stats",
+    "run_state", "run_states", "StepRecord", "StepTables", "compact",
     "image_key", "latest_step", "list_runs", "read_budget_matrix", "read_evals", "read_groups", "read_image",
     "read_rollouts", "read_runs", "read_sketches", "read_steps", "sampled_split", "step_rows", "write_summaries",
 ]

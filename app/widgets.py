@@ -44,12 +44,7 @@ def wait_for_runs() -> None:
     st.info(f"No runs in the store `{cached.store_dir()}` yet. Start one with "
             "`fastrl train store_dir=...` or `fastrl demo`; this page updates by itself.")
 
-    @st.fragment(run_every=LIVE_EVERY)
-    def poll() -> None:
-        if not cached.runs().empty:
-            st.rerun(scope="app")
-
-    poll()
+    redraw_on_change("empty store", None, LIVE_EVERY)  # a run appearing changes the mark
 
 
 def store_mark(run_ids: list[str] | None) -> tuple:

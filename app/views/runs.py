@@ -12,7 +12,7 @@ from fastrl_core.store.schema import PHASES
 
 st.title("Runs")
 runs = widgets.runs_or_wait(totals=True)
-live = any(widgets.status(r) == "running" for _, r in runs.iterrows())
+live = any(widgets.is_live(r) for _, r in runs.iterrows())
 widgets.redraw_on_change("runs", None, widgets.LIVE_EVERY if live else None)
 
 st.caption(f"Store `{cached.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "

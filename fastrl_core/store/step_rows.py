@@ -37,8 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from fastrl_core.algo.group_stats import GroupStats, group_stats
-from fastrl_core.algo.group_stats import as_numpy as _numpy
+from fastrl_core.algo.group_stats import GroupStats, as_numpy, group_stats
 
 
 def _mean(values: np.ndarray) -> float:
@@ -105,16 +104,16 @@ def step_rows(record: StepRecord, *, log_rollouts: bool = True) -> StepTables:
     for name in ("questions", "answers", "image_refs"):
         if len(getattr(record, name)) != num_groups:
             raise ValueError(f"StepRecord.{name} has {len(getattr(record, name))} entries for {num_groups} prompts")
-    rewards = _numpy(record.rewards, np.float64).reshape(-1)
-    keep = _numpy(record.keep_mask, bool).reshape(-1)
+    rewards = as_numpy(record.rewards, np.float64).reshape(-1)
+    keep = as_numpy(record.keep_mask, bool).reshape(-1)
     stats = group_stats(rewards, record.group_index, keep, num_groups)
     n = rewards.size
     multiplicity = (np.ones(n, np.int64) if record.multiplicity is None
-                    else _numpy(record.multiplicity, np.int64).reshape(-1))
+                    else as_numpy(record.multiplicity, np.int64).reshape(-1))
     if multiplicity.size != n:
         raise ValueError(f"StepRecord.multiplicity has {multiplicity.size} entries for {n} rollouts")
     copies = multiplicity == 0
-    merged = np.bincount(_numpy(record.group_index, np.int64).reshape(-1)[copies], minlength=num_groups)
+    merged = np.bincount(as_numpy(record.group_index, np.int64).reshape(-1)[copies], minlength=num_groups)
     per_rollout = {"completions": record.completions, "lengths": record.lengths, "advantages": record.advantages,
                    "reasons": record.reasons, "scores": record.scores, "weights": record.weights,
                    "format_rewards": record.format_rewards, "accuracy_rewards": record.accuracy_rewards,
@@ -141,7 +140,7 @@ def step_rows(record: StepRecord, *, log_rollouts: bool = True) -> StepTables:
         step_row.update({"rollouts_nominal": nominal, "rollouts_skipped": nominal - int(n),
                          "rollouts_merged": merged_total, "rollouts_pruned": pruned})
     if record.format_rewards is not None:
-        step_row["format_rate"] = _mean(_numpy(record.format_rewards, np.float64).reshape(-1))
+        step_row["format_rate"] = _mean(as_numpy(record.format_rewards, np.float64).reshape(-1))
     step_row.update(record.metrics)
     step_row.update({f"time_{phase}": float(seconds) for phase, seconds in record.seconds.items()})
     step_row.update({f"cpu_{phase}": float(seconds) for phase, seconds in record.cpu_seconds.items()})
@@ -162,17 +161,17 @@ def step_rows(record: StepRecord, *, log_rollouts: bool = True) -> StepTables:
 
 def _rollout_rows(record: StepRecord, rewards: np.ndarray, keep: np.ndarray, copies: np.ndarray) -> list[dict]:
     """One row per rollout; plain lists first (indexing an array once per value is slow)."""
-    group = _numpy(record.group_index, np.int64).reshape(-1).tolist()
-    lengths = _numpy(record.lengths, np.int64).reshape(-1).tolist()
-    advantages = _numpy(record.advantages, np.float64).reshape(-1).tolist()
-    scores = _numpy(record.scores, np.float64).reshape(-1).tolist()
-    weights = np.where(keep, _numpy(record.weights, np.float64).reshape(-1), 0.0).tolist()
+    group = as_numpy(record.group_index, np.int64).reshape(-1).tolist()
+    lengths = as_numpy(record.lengths, np.int64).reshape(-1).tolist()
+    advantages = as_numpy(record.advantages, np.float64).reshape(-1).tolist()
+    scores = as_numpy(record.scores, np.float64).reshape(-1).tolist()
+    weights = np.where(keep, as_numpy(record.weights, np.float64).reshape(-1), 0.0).tolist()
     kept, reward = keep.tolist(), rewards.tolist()
-    formats = (_numpy(record.format_rewards, np.float64).reshape(-1).tolist() if record.format_rewards is not None
+    formats = (as_numpy(record.format_rewards, np.float64).reshape(-1).tolist() if record.format_rewards is not None
                else [None] * len(reward))
     accuracy = ([None if a is None else float(a) for a in record.accuracy_rewards]
                 if record.accuracy_rewards is not None else [None] * len(reward))
-    sketches = _numpy(record.sketches, np.float32) if record.sketches is not None else None  # rows are views
+    sketches = as_numpy(record.sketches, np.float32) if record.sketches is not None else None  # rows are views
     reasons = ["DUPLICATE" if copy else reason for reason, copy in zip(record.reasons, copies.tolist())]
     prefix = f"{int(record.step)}-"
     return [{
@@ -187,9 +186,9 @@ def _rollout_rows(record: StepRecord, rewards: np.ndarray, keep: np.ndarray, cop
 def token_lists(record: StepRecord) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each rollout's (token texts (T_i,) object array, sampling log-probs (T_i,) float32 rounded to 3 decimals) over
     its masked positions (module docstring); views into two flat arrays."""
-    ids = _numpy(record.token_ids, np.int64)
-    mask = _numpy(record.token_mask, bool)
-    logprobs = _numpy(record.token_logprobs, np.float64)
+    ids = as_numpy(record.token_ids, np.int64)
+    mask = as_numpy(record.token_mask, bool)
+    logprobs = as_numpy(record.token_logprobs, np.float64)
     if not ids.shape == mask.shape == logprobs.shape or ids.ndim != 2:
         raise ValueError(f"StepRecord: token_ids {ids.shape}, token_mask {mask.shape} and token_logprobs "
                          f"{logprobs.shape} must have one (N, T) shape")

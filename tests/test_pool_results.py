@@ -1,20 +1,14 @@
 """benchmarks/pool_results.py: seeds of one config from several bench outputs, compared by metrics' definitions."""
 
-import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _pool():
-    spec = importlib.util.spec_from_file_location("pool_results", REPO / "benchmarks" / "pool_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import pool_results as pool  # noqa: E402
 
 
 def _results(path: Path, seeds: dict[int, dict[str, tuple[float, list[float]]]], config: str = "paper-wide") -> Path:
@@ -33,7 +27,6 @@ def _results(path: Path, seeds: dict[int, dict[str, tuple[float, list[float]]]],
 
 
 def test_two_outputs_pool_into_paired_figures_by_hand(tmp_path):
-    pool = _pool()
     a = _results(tmp_path / "a/results.json", {0: {"grpo": (10.0, [0.2, 0.3, 0.4, 0.5]),
                                                    "fastrl": (5.0, [0.2, 0.4, 0.5, 0.5])}})
     b = _results(tmp_path / "b/results.json", {1: {"grpo": (10.0, [0.2, 0.3, 0.5, 0.5]),
@@ -53,7 +46,6 @@ def test_two_outputs_pool_into_paired_figures_by_hand(tmp_path):
 
 
 def test_different_configs_and_a_seed_twice_are_refused(tmp_path):
-    pool = _pool()
     one = {0: {"grpo": (10.0, [0.2, 0.3, 0.4, 0.5])}}
     a = _results(tmp_path / "a/results.json", one)
     with pytest.raises(SystemExit, match="different regimes"):

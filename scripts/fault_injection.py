@@ -174,9 +174,11 @@ def kill_trial(store: Path, index: int, rng: random.Random, duration: float, ref
             kills += 1
             landed.append(where_it_landed(store, run_id))
             reader_errors += readers_open(store)
-            damaged, temps = map(sum, zip((damaged, temps), killed_store(store)))
+            more_damaged, more_temps = killed_store(store)
+            damaged, temps = damaged + more_damaged, temps + more_temps
     return {"trial": name, "kill": kill, "kills": kills, "landed": landed, "launches": launches,
-            "reader_errors": reader_errors, "damaged": damaged, "temp_files": temps, **verify(store, run_id, reference)}
+            "reader_errors": reader_errors, "damaged": damaged, "temp_files": temps,
+            **verify(store, run_id, reference)}
 
 
 def killed_store(store: Path) -> tuple[int, int]:

@@ -262,20 +262,22 @@ def cost_table(steps, per_run) -> tuple[str, list[dict]]:
         lines.append(f"| {c['phase']} | {c['count'].replace('_', ' ')} | {_fmt(c['fixed'], '.3f')} | "
                      f"{_fmt(c['per_rollout'] * 1000, '.2f')} | {_fmt(c['r2'], '.2f')} | {c['steps']} |")
     grpo = steps[steps["run_id"].isin(per_run.loc[per_run["method"] == "grpo", "run_id"])]
-    kept_lines = costs[costs["count"] == "rollouts_kept"]
-    if len(grpo) and kept_lines["fixed"].notna().all():
+    pass_lines = costs[costs["phase"] != "generate"]
+    if len(grpo) and pass_lines["fixed"].notna().all():
         text = []
         if costs["fixed"].notna().all():
             fixed = costs["fixed"].sum()
             fitted = fixed + sum(c["per_rollout"] * grpo[c["count"]].mean() for _, c in costs.iterrows())
+            mean_counts = ", ".join(f"{grpo[c].mean():.0f} {c.removeprefix('rollouts_').replace('_', ' ')}"
+                                    for c in dict.fromkeys(costs["count"]))
             text.append(f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
-                        f"({grpo['rollouts_sampled'].mean():.0f} sampled, {grpo['rollouts_kept'].mean():.0f} kept "
-                        f"per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three "
+                        f"({mean_counts} per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three "
                         f"phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this model and "
                         "machine.")
         step = per_run.loc[per_run["method"] == "grpo", "seconds_per_step"].mean()
         sampled = grpo["rollouts_sampled"].mean()
-        ceiling, left = metrics.step_ceilings(costs, step, sampled, grpo["rollouts_kept"].mean())
+        counts = {c: float(grpo[c].mean()) for c in costs["count"]}
+        ceiling, left = metrics.step_ceilings(costs, step, counts)
         if math.isfinite(ceiling):
             text.append(f"Phase-line ceiling: against GRPO's mean step ({step:.3f} s), a pruner that kept no row "
                         f"at all would step {ceiling:.2f}× faster; a 2.5× step would also need "

@@ -440,17 +440,30 @@ def band(curves: pd.DataFrame, *, x: str = "wall_time", points: int = 50, confid
                          "high": [i.high for i in intervals], "n": len(runs)})
 
 
-COST_COUNTS = {"generate": "rollouts_sampled", "logprob": "rollouts_kept", "update": "rollouts_kept"}
+COST_COUNTS = {"generate": "rollouts_sampled", "logprob": "rollouts_kept", "update": "update_rows"}
+COUNT_BEFORE = {"update_rows": "rollouts_kept"}  # stores written before a step recorded its update rows
+
+
+def cost_count(steps: pd.DataFrame, phase: str) -> str:
+    """The column `phase`'s seconds scale with in `steps`: `COST_COUNTS[phase]`, or, where a store did not record
+    it, the count it stood in for then (`COUNT_BEFORE`)."""
+    count = COST_COUNTS[phase]
+    if (count not in steps or steps[count].isna().all()) and count in COUNT_BEFORE:
+        return COUNT_BEFORE[count]
+    return count
 
 
 def phase_costs(steps: pd.DataFrame) -> pd.DataFrame:
     """Least-squares `time_<phase> = fixed + per_rollout * <count>` over the given steps rows (pooled over runs that
     share a model and machine), for each phase of `COST_COUNTS`: generation scales with the rollouts sampled, the
-    scoring passes and the update with the rows kept. `fixed` is the part of a step no pruning or budget removes
-    (per-call and per-token latency, the optimiser's steps). Returns one row per phase: phase, count, fixed,
-    per_rollout (seconds), r2 (NaN when the count never varies or there are < 3 steps), steps."""
+    scoring passes with the rows kept (once per distinct answer), the update with the rows it runs (a merged row
+    once per mini-batch that holds a copy of it: more than the rows kept under the exact merge; `cost_count`).
+    `fixed` is the part of a step no pruning or budget removes (per-call and per-token latency, the optimiser's
+    steps). Returns one row per phase: phase, count, fixed, per_rollout (seconds), r2 (NaN when the count never
+    varies or there are < 3 steps), steps."""
     rows = []
-    for phase, count in COST_COUNTS.items():
+    for phase in COST_COUNTS:
+        count = cost_count(steps, phase)
         x = steps[count].to_numpy(float) if count in steps else np.array([])
         y = steps[f"time_{phase}"].to_numpy(float) if f"time_{phase}" in steps else np.array([])
         ok = np.isfinite(x) & np.isfinite(y)
@@ -465,21 +478,23 @@ def phase_costs(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def step_ceilings(costs: pd.DataFrame, step_seconds: float, sampled: float, kept: float,
+def step_ceilings(costs: pd.DataFrame, step_seconds: float, counts: dict[str, float],
                   target: float = 2.5) -> tuple[float, float]:
-    """What the `phase_costs` lines allow against a baseline step of `step_seconds` with `sampled` rollouts
-    generated and `kept` rows passed: (the step speed-up if no row were kept at all, every kept row's log-prob and
-    update seconds gone and generation unchanged; the rollouts per step left to sample when no row is kept and the
-    step is `target`× faster, negative where even sampling none would not get there). The first needs only the
-    log-prob and update lines; the second also a generation line that rises with the rollouts sampled (on vLLM with
-    a sketch only some methods pay for, it may not). NaN where a line it needs is missing."""
-    per = costs.set_index("phase")["per_rollout"]
-    per_kept = sum(float(per[phase]) for phase, count in COST_COUNTS.items() if count == "rollouts_kept")
-    per_sampled = sum(float(per[phase]) for phase, count in COST_COUNTS.items() if count == "rollouts_sampled")
-    nothing_kept = step_seconds - per_kept * kept
+    """What the `phase_costs` lines allow against a baseline step of `step_seconds` whose mean counts per step are
+    `counts` (each phase's `count` column name -> its value, e.g. GRPO's rollouts sampled, kept and update rows):
+    (the step speed-up if no row were kept at all, every log-prob and update row's seconds gone and generation
+    unchanged; the rollouts per step left to sample when no row is kept and the step is `target`× faster, negative
+    where even sampling none would not get there). The first needs only the log-prob and update lines; the second
+    also a generation line that rises with the rollouts sampled (on vLLM with a sketch only some methods pay for,
+    it may not). NaN where a line it needs is missing."""
+    lines = costs.set_index("phase")
+    passes = sum(float(lines.at[phase, "per_rollout"]) * counts[lines.at[phase, "count"]]
+                 for phase in ("logprob", "update"))
+    per_sampled = float(lines.at["generate", "per_rollout"])
+    nothing_kept = step_seconds - passes
     if not (math.isfinite(nothing_kept) and nothing_kept > 0):
         return math.nan, math.nan
-    left = sampled - (nothing_kept - step_seconds / target) / per_sampled \
+    left = counts[lines.at["generate", "count"]] - (nothing_kept - step_seconds / target) / per_sampled \
         if math.isfinite(per_sampled) and per_sampled > 0 else math.nan
     return step_seconds / nothing_kept, left
 

@@ -38,7 +38,8 @@ def main() -> int:
         model_dir, tokenizer = _tiny_model_dir(tmp)
         args = GRPOConfig(output_dir=str(tmp / "out"), per_device_train_batch_size=8, num_generations=4,
                           max_completion_length=4, max_steps=options.steps, learning_rate=1e-3, seed=0,
-                          use_cpu=True, report_to=[], save_strategy="no", logging_steps=1)
+                          use_cpu=True, report_to=[], save_strategy="no", logging_steps=options.steps,
+                          disable_tqdm=True)
         trainer = FastRLGRPOTrainer(model=str(model_dir), reward_funcs=[_decided_or_varied_reward], args=args,
                                     train_dataset=_budget_dataset(), processing_class=tokenizer,
                                     store_dir=str(tmp / "store"), run_name="check-trl-budget")

@@ -118,7 +118,7 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
         in headline
     costs = {c["phase"]: c for c in result["phase_costs"]}  # fitted over every step of the 4 runs
     assert set(costs) == {"generate", "logprob", "update"} and costs["update"]["steps"] == len(steps)
-    assert "| update | rollouts kept |" in (out / "results.md").read_text()
+    assert "| update | update rows |" in (out / "results.md").read_text()  # the rows the update ran
 
     # resumed: nothing is trained again; an unfinished run is trained again from scratch and the old one stopped
     capsys.readouterr()
@@ -232,6 +232,13 @@ def test_cost_table_states_the_ceilings_of_grpo_steps():
     text, _ = bench.cost_table(steps, per_run)
     assert "a pruner that kept no row at all would step 1.25× faster" in text
     assert "sampling at most 28 of the 128 rollouts (-78%)" in text
+    # the same seconds recorded with the update's own rows (two per kept row): the update line is read on them
+    update_rows = np.array([80, 80, 60, 40])
+    text, records = bench.cost_table(steps.assign(update_rows=update_rows, time_update=0.1 + 0.0015 * update_rows),
+                                     per_run)
+    assert {r["phase"]: r["count"] for r in records}["update"] == "update_rows"
+    assert "(128 sampled, 40 kept, 80 update rows per step)" in text
+    assert "a pruner that kept no row at all would step 1.25× faster" in text
 
 
 def test_cost_table_gives_the_ceiling_when_generation_does_not_rise_with_the_rollouts():

@@ -208,7 +208,7 @@ def test_time_to_target_ignores_the_warm_start_and_says_never():
 def test_phase_costs_by_hand():
     """Three steps on an exact line fit it exactly; a count that never varies has no fit (NaN, not a guess)."""
     steps = pd.DataFrame({
-        "rollouts_sampled": [128, 64, 96], "rollouts_kept": [40, 40, 40],
+        "rollouts_sampled": [128, 64, 96], "rollouts_kept": [40, 40, 40], "update_rows": [80, 80, 80],
         "time_generate": [0.2 + 0.003 * 128, 0.2 + 0.003 * 64, 0.2 + 0.003 * 96],
         "time_logprob": [0.1, 0.2, 0.3], "time_update": [0.3, 0.3, 0.3]})
     costs = metrics.phase_costs(steps).set_index("phase")
@@ -220,21 +220,44 @@ def test_phase_costs_by_hand():
     assert math.isnan(costs.loc["update", "fixed"]) and math.isnan(costs.loc["logprob", "r2"])
 
 
+def test_the_update_line_counts_the_rows_the_update_runs_not_the_rows_kept():
+    """Under the exact merge a kept row runs once per mini-batch holding a copy: 30 ms per update row and 20 kept
+    rows standing for 60 update rows give an update line through 0 on update_rows. Fitted on the kept rows instead
+    (what the lines did before 2026-12-07), the same steps look mostly fixed. A store without update_rows (older
+    runs, or all NaN) falls back to the rows kept."""
+    kept = np.array([20.0, 30.0, 40.0, 25.0])
+    update_rows = np.array([60.0, 65.0, 70.0, 90.0])  # copies spread over mini-batches: not a multiple of kept
+    steps = pd.DataFrame({"rollouts_sampled": [128.0] * 4, "rollouts_kept": kept, "update_rows": update_rows,
+                          "time_generate": [1.0] * 4, "time_logprob": 0.01 * kept, "time_update": 0.03 * update_rows})
+    update = metrics.phase_costs(steps).set_index("phase").loc["update"]
+    assert update["count"] == "update_rows" and update["fixed"] == pytest.approx(0.0, abs=1e-12)
+    assert update["per_rollout"] == pytest.approx(0.03) and update["r2"] == pytest.approx(1.0)
+    for older in (steps.drop(columns="update_rows"), steps.assign(update_rows=math.nan)):
+        update = metrics.phase_costs(older).set_index("phase").loc["update"]
+        assert update["count"] == "rollouts_kept" and update["r2"] < 0.5 and update["fixed"] > 1.0
+
+
 def test_step_ceilings_by_hand():
     """1 s steps, 40 kept rows at 2 + 3 ms, 128 sampled at 4 ms: keeping none saves 0.2 s (1.25×); a 2.5× step
     (0.4 s) needs 0.4 s more off generation, 100 rollouts fewer; a 10× step would need 175 fewer than 128."""
     costs = pd.DataFrame({"phase": ["generate", "logprob", "update"], "fixed": [0.1, 0.0, 0.1],
-                          "per_rollout": [0.004, 0.002, 0.003]})
-    ceiling, left = metrics.step_ceilings(costs, 1.0, sampled=128, kept=40)
+                          "per_rollout": [0.004, 0.002, 0.003],
+                          "count": ["rollouts_sampled", "rollouts_kept", "rollouts_kept"]})
+    counts = {"rollouts_sampled": 128, "rollouts_kept": 40}
+    ceiling, left = metrics.step_ceilings(costs, 1.0, counts)
     assert ceiling == pytest.approx(1.25) and left == pytest.approx(28)
-    assert metrics.step_ceilings(costs, 1.0, sampled=128, kept=40, target=10.0)[1] == pytest.approx(-47)
+    assert metrics.step_ceilings(costs, 1.0, counts, target=10.0)[1] == pytest.approx(-47)
+    # the update's seconds count its own rows: 40 kept rows through 60 update rows, 0.06 s more off a 1 s step
+    ceiling, _ = metrics.step_ceilings(costs.assign(count=["rollouts_sampled", "rollouts_kept", "update_rows"]),
+                                       1.0, {**counts, "update_rows": 60})
+    assert ceiling == pytest.approx(1 / (1 - 0.08 - 0.18))
     # the ceiling needs only the log-prob and update lines: a generation line that does not rise with the rollouts
     # sampled (vLLM, where only FastRL pays for its sketch) leaves it standing and only the rollouts left unknown
     for generation in (math.nan, -0.001):
-        ceiling, left = metrics.step_ceilings(costs.assign(per_rollout=[generation, 0.002, 0.003]), 1.0, 128, 40)
+        ceiling, left = metrics.step_ceilings(costs.assign(per_rollout=[generation, 0.002, 0.003]), 1.0, counts)
         assert ceiling == pytest.approx(1.25) and math.isnan(left)
     unfitted = costs.assign(per_rollout=[0.004, math.nan, 0.003])
-    assert all(math.isnan(v) for v in metrics.step_ceilings(unfitted, 1.0, sampled=128, kept=40))
+    assert all(math.isnan(v) for v in metrics.step_ceilings(unfitted, 1.0, counts))
 
 
 def test_phase_shares_by_hand_and_the_papers_profile():

@@ -85,7 +85,7 @@ def change_step(page, times: int, timeout_s: float) -> list[float]:
 
 
 def change_prompt(page, times: int, timeout_s: float) -> list[float]:
-    """The Rollouts page's "Prompt group" box: open it, pick another of its first options each time."""
+    """The Rollouts page's "Prompt group" box: open it, pick the option after the one shown (of its first 8)."""
     box = page.locator("[data-testid='stSelectbox']", has_text="Prompt group").first
     box.click()
     options = page.locator("[role='option']")
@@ -94,10 +94,12 @@ def change_prompt(page, times: int, timeout_s: float) -> list[float]:
     if count < 2:
         raise SystemExit("the Rollouts page's step has fewer than 2 prompt groups: nothing to change to")
     seconds = []
-    for i in range(times):
+    for _ in range(times):
         box.click()
+        shown = page.locator("[role='option']")
+        selected = next((k for k in range(count) if shown.nth(k).get_attribute("aria-selected") == "true"), -1)
 
-        def pick(index=(i + 1) % count):
+        def pick(index=(selected + 1) % count):  # never the group already shown: that would not rerun the page
             page.locator("[role='option']").nth(index).click()
 
         seconds.append(timed(page, pick, timeout_s))
@@ -134,6 +136,12 @@ def select_on_map(page, times: int, timeout_s: float, umap_timeout_s: float) -> 
         for k in range(1, 11):  # Plotly draws a selection box only from a drag with intermediate moves
             page.mouse.move(start[0] + (end[0] - start[0]) * k / 10, start[1] + (end[1] - start[1]) * k / 10)
         seconds.append(timed(page, page.mouse.up, timeout_s))
+    return seconds
+
+
+def done(kind: str, seconds: list[float]) -> list[float]:
+    """Print one kind's waits as soon as they are measured (a later kind's failure keeps them); return them."""
+    print(f"  {kind}: " + " ".join(f"{s:.2f}" for s in seconds), flush=True)
     return seconds
 
 
@@ -183,13 +191,13 @@ def main(argv: list[str] | None = None) -> int:
             page.set_default_timeout(args.timeout * 1000)
             page.goto(f"{base}/runs")  # the session's first load: bench_pages.py's figure, not timed here
             page.wait_for_function(READY)
-            times["page"] = switch_pages(page, args.rounds, args.timeout)
+            times["page"] = done("page", switch_pages(page, args.rounds, args.timeout))
             go_to(page, "Rollouts", args.timeout)
-            times["step"] = change_step(page, args.times, args.timeout)
-            times["prompt"] = change_prompt(page, args.times, args.timeout)
-            times["filter"] = change_filters(page, args.times, args.timeout)
+            times["step"] = done("step", change_step(page, args.times, args.timeout))
+            times["prompt"] = done("prompt", change_prompt(page, args.times, args.timeout))
+            times["filter"] = done("filter", change_filters(page, args.times, args.timeout))
             go_to(page, "Embeddings", args.timeout)
-            times["map"] = select_on_map(page, args.times, args.timeout, args.umap_timeout)
+            times["map"] = done("map", select_on_map(page, args.times, args.timeout, args.umap_timeout))
             browser.close()
     finally:
         if app is not None:

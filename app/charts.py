@@ -9,12 +9,18 @@ import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from fastrl_app.analysis import FATES, fates, reason_label
 from fastrl_app.palette import DECISION_COLOURS, INK, NEGATIVE, POSITIVE, SPLIT_COLOURS, method_colour, rgba
 from fastrl_app.savings import SPLIT_LABELS, SPLIT_PARTS
 
+# Every figure starts from the default template (copied and validated as it is made); naming another in
+# update_layout copied and validated a second one, ~60 ms a chart: a third of the Budget page's script run on an
+# 800-step store (docs/results.md, "Dashboard interactions"). So the pages' template is the default.
+pio.templates.default = "plotly_white"
 PHASE_COLOURS = px.colors.qualitative.Set2
+DEFAULT_SEQUENCE = px.colors.qualitative.Plotly  # what plotly.express colours groups with
 # Tables of rollouts with an image column (st.dataframe), in pixels
 IMAGE_ROW_HEIGHT = 64  # a row holding a small thumbnail
 TABLE_HEADER_HEIGHT = 40
@@ -31,7 +37,7 @@ def image_table_height(rows: int, *, most: int | None = None) -> int:
 
 
 def _style(fig: go.Figure, *, revision: str, height: int = 320, title: str | None = None) -> go.Figure:
-    fig.update_layout(template="plotly_white", height=height, uirevision=revision, title=title,
+    fig.update_layout(height=height, uirevision=revision, title=title,
                       margin=dict(l=10, r=10, t=40 if title else 10, b=10),
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0))
     return fig
@@ -39,9 +45,16 @@ def _style(fig: go.Figure, *, revision: str, height: int = 320, title: str | Non
 
 def metric_lines(frame: pd.DataFrame, *, x: str, y: str, colour: str = "run_id", x_title: str, y_title: str,
                  revision: str, markers: bool = False, colours: dict[str, str] | None = None) -> go.Figure:
-    """One line per run (or per `colour` value), coloured by `colours` (e.g. each run by its method's colour)."""
-    fig = px.line(frame, x=x, y=y, color=colour, markers=markers, color_discrete_map=colours or {},
-                  labels={x: x_title, y: y_title, colour: ""})
+    """One line per run (or per `colour` value, in order of first appearance), coloured by `colours` (e.g. each run
+    by its method's colour), else Plotly's qualitative sequence. Built from graph objects: plotly.express spends
+    ~0.15 s a chart arranging the same traces."""
+    fig = go.Figure()
+    for i, (name, line) in enumerate(frame.groupby(colour, sort=False)):
+        shade = (colours or {}).get(name, DEFAULT_SEQUENCE[i % len(DEFAULT_SEQUENCE)])
+        fig.add_scatter(x=line[x], y=line[y], name=str(name), mode="lines+markers" if markers else "lines",
+                        line=dict(color=shade), marker=dict(color=shade))
+    fig.update_xaxes(title=x_title)
+    fig.update_yaxes(title=y_title)
     return _style(fig, revision=revision)
 
 
@@ -146,15 +159,24 @@ def split_bars(totals: pd.DataFrame, *, revision: str, label: str = "run") -> go
 
 def reason_areas(counts: pd.DataFrame, *, revision: str) -> go.Figure:
     """Pruned rollouts per step, stacked by reason."""
-    fig = px.bar(counts, x="step", y="count", color="reason", labels={"count": "pruned rollouts", "reason": ""})
-    fig.update_layout(bargap=0)
+    fig = go.Figure()
+    for i, (reason, part) in enumerate(counts.groupby("reason", sort=False)):
+        fig.add_bar(x=part["step"], y=part["count"], name=str(reason),
+                    marker_color=DEFAULT_SEQUENCE[i % len(DEFAULT_SEQUENCE)])
+    fig.update_layout(barmode="relative", bargap=0)
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="pruned rollouts")
     return _style(fig, revision=revision)
 
 
 def phase_bars(phases: pd.DataFrame, *, revision: str, label: str = "run_id") -> go.Figure:
     """Mean seconds per step in each phase, stacked, one bar per run (or per `label` value)."""
-    fig = px.bar(phases, x="seconds", y=label, color="phase", orientation="h",
-                 color_discrete_sequence=PHASE_COLOURS, labels={"seconds": "seconds per step", label: ""})
+    fig = go.Figure()
+    for i, (phase, part) in enumerate(phases.groupby("phase", sort=False)):
+        fig.add_bar(x=part["seconds"], y=part[label], name=str(phase), orientation="h",
+                    marker_color=PHASE_COLOURS[i % len(PHASE_COLOURS)])
+    fig.update_layout(barmode="relative")
+    fig.update_xaxes(title="seconds per step")
     return _style(fig, revision=revision, height=120 + 40 * phases[label].nunique())
 
 

@@ -43,8 +43,8 @@ def budget() -> None:
                    delta=f"{last['rollouts_per_prompt'] - steps.iloc[0]['rollouts_per_prompt']:+.1f} since step "
                          f"{int(steps.iloc[0]['step'])}", delta_color="off",
                    help=f"Mean over the step's prompts; plain GRPO samples {n} for every prompt.")
-    decisions = matrix.assign(decision=[analysis.budget_decision(int(s), n, n_min) for s in matrix["sampled"]])
-    latest = decisions[decisions["step"] == decisions["step"].max()]["decision"].value_counts()
+    latest_sampled = matrix.loc[matrix["step"] == matrix["step"].max(), "sampled"]  # the latest step's prompts only
+    latest = pd.Series([analysis.budget_decision(int(s), n, n_min) for s in latest_sampled]).value_counts()
     cols[3].metric("Full / probe / trimmed / skip", " / ".join(str(latest.get(d, 0)) for d in
                                                              ("full", "probe", "trimmed", "skip")),
                    help=f"The budget's decisions for the latest step's prompts. full: {n} rollouts as plain GRPO; "

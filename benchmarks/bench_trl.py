@@ -24,7 +24,6 @@ no more than 0.5 points below TRL's. Not run for figures here (a quiet machine's
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 METHODS = ("grpo", "fastrl")
@@ -96,35 +95,51 @@ def run(method: str, seed: int, store: str, steps: int | None, eval_every: int, 
 
 
 def report(store: str) -> None:
-    """Time to target at equal accuracy, final accuracy and the projected vs measured saving (module docstring)."""
+    """Per method over the seeds (`fastrl_app.metrics`, as `fastrl bench` reads its runs): seconds per step and the
+    step speed-up against the same seed's TRL run, time to TRL's target (90 % of its mean gain over the warm start)
+    and its speed-up, final accuracy (mean of the last evaluations) and its difference from TRL's, each with a 95 %
+    interval; then the shadow mode's projected saving beside the measured one."""
+    import pandas as pd
+
+    from fastrl_app import metrics
     from fastrl_core.store import list_runs, read_evals, read_runs, read_steps
 
     runs = read_runs(store).set_index("run_id")
-    per = {method: [] for method in METHODS}
+    labels = []
     for run_id in list_runs(store):
-        name = str(runs.loc[run_id, "name"])
-        method = name.split("-")[1] if name.startswith("trl-") else None
-        if method in per:
-            per[method].append((run_id, read_steps(store, run_id), read_evals(store, run_id)))
-    if not per["grpo"] or not per["fastrl"]:
-        raise SystemExit(f"{store}: needs runs of both methods; has {[m for m in METHODS if per[m]]}")
-    finals = {m: [float(e.sort_values("step")["accuracy"].iloc[-1]) for _, _, e in per[m]] for m in METHODS}
-    target = sum(finals["grpo"]) / len(finals["grpo"]) - 0.005
+        method, _, seed = str(runs.loc[run_id, "name"]).removeprefix("trl-").rpartition("-seed")
+        if method in METHODS and seed.isdigit():
+            labels.append({"run_id": run_id, "method": method, "seed": int(seed), "objective": "trl",
+                           "is_baseline": method == "grpo"})
+    labels = pd.DataFrame(labels)
+    if labels.empty or set(labels["method"]) != set(METHODS):
+        raise SystemExit(f"{store}: needs runs of {', '.join(METHODS)}; has "
+                         f"{sorted(set(labels['method'])) if len(labels) else 'none'}")
+    labels, _ = metrics.one_run_per_seed(labels, runs["started"])
+    steps = pd.concat([read_steps(store, r).assign(run_id=r) for r in labels["run_id"]], ignore_index=True)
+    evals = pd.concat([read_evals(store, r).assign(run_id=r) for r in labels["run_id"]], ignore_index=True)
+    per_run = metrics.compare_runs(labels, steps, evals, baseline="grpo")
+    summary = metrics.summarise(per_run).set_index("method")
+    print(f"{store}: TRL's GRPOTrainer (grpo, shadow mode) against FastRLGRPOTrainer (fastrl), paired by seed; "
+          f"target {summary.loc['grpo', 'target_accuracy']:.3f} greedy accuracy; mean [95 % interval]")
     for method in METHODS:
-        times = []
-        for _, _, evals in per[method]:
-            reached = evals[evals["accuracy"] >= target].sort_values("step")
-            times.append(float(reached["wall_time"].iloc[0]) if len(reached) else math.nan)
-        kept = sum(int(s["rollouts_kept"].sum()) for _, s, _ in per[method])
-        print(f"{method:7s} runs {len(per[method])}  final accuracy {sum(finals[method]) / len(finals[method]):.3f}  "
-              f"seconds to {target:.3f}: {times}  rollouts into the update {kept}")
-    shadow = [s for _, s, _ in per["grpo"]]
-    nominal = sum(int(s["rollouts_nominal"].sum()) for s in shadow)
-    projected = sum(int((s["shadow_skipped"] + s["shadow_merged"] + s["shadow_pruned"]).sum()) for s in shadow)
-    measured = 1 - sum(int(s["rollouts_kept"].sum()) for _, s, _ in per["fastrl"]) / max(
-        sum(int(s["rollouts_kept"].sum()) for s in shadow), 1)
-    print(f"shadow mode's projected saving {projected / max(nominal, 1):.1%} of nominal rollouts; measured "
-          f"{measured:.1%} fewer rollouts into the update")
+        row = summary.loc[method]
+        iv = lambda name: metrics.interval(row, name)  # noqa: E731
+        print(f"  {method:7s} seeds {row['seeds']}  s/step {iv('seconds_per_step').text('.2f')}  "
+              f"step speed-up {iv('step_speedup').text('.2f', 'x')}  reached the target {row['target_reached']}"
+              f"/{len(row['seeds'])}  time-to-target speed-up {iv('target_speedup').text('.2f', 'x')}  "
+              f"final accuracy {iv('final_accuracy').text('.3f')}  vs TRL {iv('accuracy_gain').text('+.3f')}  "
+              f"kept {row['kept_fraction_mean']:.0%} of sampled")
+    for row in per_run.sort_values(["seed", "method"]).itertuples():
+        reached = "not reached" if row.time_to_target is None else f"{row.time_to_target:.0f} s"
+        print(f"    seed {row.seed} {row.method:7s} {row.seconds_per_step:.2f} s/step  to the target {reached}  "
+              f"final accuracy {row.final_accuracy:.3f}")
+    shadow = steps[steps["run_id"].isin(labels.loc[labels["method"] == "grpo", "run_id"])]
+    applied = steps[steps["run_id"].isin(labels.loc[labels["method"] == "fastrl", "run_id"])]
+    projected = (shadow["shadow_skipped"] + shadow["shadow_merged"] + shadow["shadow_pruned"]).sum()
+    measured = 1 - applied["rollouts_kept"].sum() / max(shadow["rollouts_kept"].sum(), 1)
+    print(f"  shadow mode's projected saving {projected / max(shadow['rollouts_nominal'].sum(), 1):.1%} of nominal "
+          f"rollouts; measured {measured:.1%} fewer rollouts into the update")
 
 
 def main() -> None:

@@ -13,12 +13,12 @@ steps (`eval_problems`). Launched as 2 processes with gloo on CPU:
     fastrl app --store runs/bench-trl        # the Compare and Budget pages read the same store
     python benchmarks/bench_trl.py --report runs/bench-trl    # time to target at equal accuracy, saving
 
-The report: per method, seconds to the target accuracy (the baseline's final accuracy less 0.5 points, first
-evaluation at or above it), final accuracy, and rollouts that entered the update; and the shadow mode's projected
-saving (shadow_skipped + shadow_merged + shadow_pruned over nominal, from the grpo runs) beside the measured one
-(1 − the fastrl runs' kept rollouts over the grpo runs'). Target of issue 52: >= 1.5x to the target, final accuracy
-no more than 0.5 points below TRL's. Not run for figures here (a quiet machine's run comes later); `--steps 1
---seeds 0 --eval-size 16` smoke-tests it.
+The report (`report`): per method over the seeds, through `fastrl_app.metrics` as `fastrl bench` reads its runs:
+step and time-to-target speed-ups against the same seed's TRL run, final accuracy and its difference from TRL's,
+95 % intervals; and the shadow mode's projected saving (shadow_skipped + shadow_merged + shadow_pruned over nominal,
+from the grpo runs) beside the measured one (1 − the fastrl runs' kept rollouts over the grpo runs'). Target of
+issue 52: >= 1.5x to the target, final accuracy no more than 0.5 points below TRL's. Measured on a quiet 2-core
+machine, 3 seeds: docs/bench/trl/README.md. `--steps 1 --seeds 0 --eval-size 16` smoke-tests it.
 """
 
 from __future__ import annotations

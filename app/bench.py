@@ -265,18 +265,18 @@ def cost_table(steps, per_run) -> tuple[str, list[dict]]:
     pass_lines = costs[costs["phase"] != "generate"]
     if len(grpo) and pass_lines["fixed"].notna().all():
         text = []
+        counts = {c: float(grpo[c].mean()) for c in costs["count"]}  # GRPO's mean of each line's count per step
         if costs["fixed"].notna().all():
             fixed = costs["fixed"].sum()
-            fitted = fixed + sum(c["per_rollout"] * grpo[c["count"]].mean() for _, c in costs.iterrows())
-            mean_counts = ", ".join(f"{grpo[c].mean():.0f} {c.removeprefix('rollouts_').replace('_', ' ')}"
-                                    for c in dict.fromkeys(costs["count"]))
+            fitted = fixed + sum(c["per_rollout"] * counts[c["count"]] for _, c in costs.iterrows())
+            mean_counts = ", ".join(f"{value:.0f} {c.removeprefix('rollouts_').replace('_', ' ')}"
+                                    for c, value in counts.items())
             text.append(f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
-                        f"({mean_counts} per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s of these three "
-                        f"phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this model and "
-                        "machine.")
+                        f"({mean_counts} per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s "
+                        f"of these three phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this "
+                        "model and machine.")
         step = per_run.loc[per_run["method"] == "grpo", "seconds_per_step"].mean()
-        sampled = grpo["rollouts_sampled"].mean()
-        counts = {c: float(grpo[c].mean()) for c in costs["count"]}
+        sampled = counts["rollouts_sampled"]
         ceiling, left = metrics.step_ceilings(costs, step, counts)
         if math.isfinite(ceiling):
             text.append(f"Phase-line ceiling: against GRPO's mean step ({step:.3f} s), a pruner that kept no row "

@@ -18,25 +18,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_user_data import _diagram  # noqa: E402  (the tests' diagram: a white image with one black line)
 
 FASTRL = str(Path(sys.executable).with_name("fastrl"))
 SHORT = ["steps=1", "prompts_per_step=4", "rollouts_per_prompt=2", "eval_every=0", "checkpoint_every=0",
          "max_new_tokens=8", "threads=1"]
 
 
-def _diagram(size: tuple[int, int] = (64, 48)) -> Image.Image:
-    image = Image.new("RGB", size, "white")
-    ImageDraw.Draw(image).line((4, 4, size[0] - 4, size[1] - 4), fill="black", width=3)
-    return image
-
-
 def _dataset(folder: Path, edit=lambda row: row) -> Path:
     """Six JPEG problems (ids p0..p5, answer 3) and a 1x4000 PNG no row uses; `edit` rewrites row 3's JSON bytes."""
     (folder / "images").mkdir(parents=True)
     for i in range(6):
-        _diagram((56 + 8 * i, 56)).save(folder / "images" / f"{i}.jpg", quality=90)
-    _diagram((1, 4000)).save(folder / "images" / "thin.png")
+        _diagram(size=(56 + 8 * i, 56)).save(folder / "images" / f"{i}.jpg", quality=90)
+    _diagram(size=(1, 4000)).save(folder / "images" / "thin.png")
     rows = [json.dumps({"id": f"p{i}", "question": "How many lines?", "answer": "3",
                         "image": f"images/{i}.jpg"}).encode() for i in range(6)]
     rows[3] = edit(rows[3])

@@ -90,8 +90,10 @@ def budget_heatmap(table: pd.DataFrame, *, revision: str, kept: pd.DataFrame | N
                    ) -> go.Figure:
     """Rollouts sampled per prompt (rows, labelled) and step (columns; with `bin_steps` > 1 each column sums that
     many steps, labelled by its first); blank = prompt not drawn. Hover: the prompt, sampled and kept."""
-    z = table.to_numpy(dtype=float)
-    kept_z = (kept.reindex(index=table.index, columns=table.columns).to_numpy(dtype=float) if kept is not None
+    # float32: Plotly sends numpy arrays as typed arrays of their own dtype, so the counts (exact in float32, NaN
+    # for gaps) travel in half float64's bytes: 100 prompts x 200 columns went from 495 to ~260 kB of chart JSON.
+    z = table.to_numpy(dtype=np.float32)
+    kept_z = (kept.reindex(index=table.index, columns=table.columns).to_numpy(dtype=np.float32) if kept is not None
               else np.full_like(z, np.nan))
     steps = "step %{x}" if bin_steps == 1 else f"steps %{{x}}–(%{{x}} + {bin_steps - 1})"
     fig = go.Figure(go.Heatmap(

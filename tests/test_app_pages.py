@@ -10,6 +10,7 @@ the store's synthetic steps with a real keep rule applied (zero advantage -> ZER
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.io as pio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +28,7 @@ from hypothesis.extra.numpy import arrays
 from streamlit.testing.v1 import AppTest
 
 import fastrl_app
-from fastrl_app import analysis, savings
+from fastrl_app import analysis, charts, savings
 from fastrl_app import metrics as core_metrics
 from fastrl_app.projection import MIN_UMAP_POINTS, SketchMap, pca_2d
 from fastrl_core import store
@@ -415,8 +417,6 @@ def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
 def _values(encoded) -> list:
     """Plotly 6+ may encode arrays as {"dtype", "bdata"}; decode either form."""
     if isinstance(encoded, dict):
-        import base64
-
         return np.frombuffer(base64.b64decode(encoded["bdata"]), dtype=np.dtype(encoded["dtype"])).tolist()
     return list(encoded)
 
@@ -654,6 +654,19 @@ def test_heatmap_pages_and_bins_a_long_run_and_the_map_samples_whole_steps():
     assert len(sample) == 16 and sample[0] == 0 and sample[-1] == 99 and sample == sorted(sample)
     assert analysis.step_range("3-7", list(range(10))) == (3, 7)
     assert analysis.step_range("7-3", list(range(10))) is None and analysis.step_range("x", [0]) is None
+
+
+def test_the_heatmap_sends_its_counts_as_float32_with_gaps_and_hover_intact():
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame(rng.integers(0, 33, (100, 200)).astype(float), index=[f"p{i}" for i in range(100)],
+                         columns=range(0, 800, 4))
+    table.iloc[::3, ::2] = np.nan  # prompts not drawn in those columns
+    figure = charts.budget_heatmap(table, kept=table // 2, revision="r", bin_steps=4)
+    spec = json.loads(pio.to_json(figure, validate=False))["data"][0]
+    assert spec["z"]["dtype"] == spec["customdata"]["dtype"] == "f4"  # typed arrays: half of float64's bytes
+    # the counts exact, the gaps still NaN
+    np.testing.assert_array_equal(np.reshape(_values(spec["z"]), table.shape), table.to_numpy())
+    assert len(pio.to_json(figure, validate=False)) < 300_000  # was 495 kB with float64 arrays
 
 
 def test_pages_open_on_the_fastrl_run_and_text_from_data_is_literal():

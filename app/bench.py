@@ -104,8 +104,10 @@ def comparable(config: dict) -> str:
 
 
 def finished_runs(store: Path, configs: dict[tuple[str, int], RunConfig]) -> dict[tuple[str, int], str]:
-    """(method, seed) -> run id of a finished run in the store with that run name and config (the newest), and
+    """(method, seed) -> run id of a finished run in the store with that run name and config (the newest; a key
+    added since the run was recorded counts as the value it ran under, `resume.as_recorded`), and
     marks unfinished bench runs of those names "stopped" (they will be trained again from scratch)."""
+    from fastrl_core.resume import as_recorded
     from fastrl_core.store import RunWriter, read_runs
 
     if not (store / "runs").exists():
@@ -114,7 +116,8 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], RunConfig]) -> dic
     found = {}
     for key, config in configs.items():
         mine = runs[(runs["name"] == config.run_name)]
-        same = mine.loc[[comparable(json.loads(c)) == comparable(config.options()) for c in mine["config"]]]
+        same = mine.loc[[comparable(as_recorded(json.loads(c))) == comparable(config.options())
+                         for c in mine["config"]]]
         done = same[same["status"] == "finished"]
         if len(done):
             found[key] = str(done["run_id"].iloc[-1])

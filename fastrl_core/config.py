@@ -33,6 +33,7 @@ class ConfigError(ValueError):
 # typo or an overflow, not a run. keep_ratio's interval (0, 1] bounds it already; row_cost is checked by its rule.
 UPPER_BOUNDS: dict[str, float] = {
     "seed": 2**32 - 1,  # times 7919 it still seeds a torch.Generator (< 2**64)
+    "resample": 2**32 - 1,  # times trainer.RESAMPLE_STRIDE it stays far below 2**63
     "threads": 1024, "max_text_chars": 10_000_000, "synthetic_train": 1_000_000, "synthetic_test": 1_000_000,
     "steps": 10_000_000, "time_limit_s": 365 * 24 * 3600, "warmup_steps": 10_000_000,
     "prompts_per_step": 65_536, "rollouts_per_prompt": 1024, "max_new_tokens": 131_072, "temperature": 100,
@@ -126,6 +127,9 @@ class TrainConfig:
                            "characters than ASCII letters, digits, '.', '_', '-' become '-' there, and the log says so)")
     store_dir: str = option("runs", "store directory: Parquet step files, DuckDB views, images, checkpoints")
     seed: int = option(0, "seed for data order, sampling, sketches and pruning", bounds=">= 0")
+    resample: int = option(0, "draw the rollouts from another random stream of the same seed (0: the seed's own): "
+                           "the same run in everything but its samples, the control for how far chance alone moves "
+                           "a run from its seed's", bounds=">= 0")
     threads: int = option(2, "torch CPU threads (more than physical cores is ~2x slower)", bounds=">= 1")
     # -- model and data
     model: str = option("embedded", "'embedded' (the shipped tiny Qwen2.5-VL warm start), 'embedded-wide' (a wider "

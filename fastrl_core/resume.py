@@ -31,8 +31,8 @@ FIXED_ON_RESUME: dict[str, str] = {key: why for keys, why in (
     (("dataset", "dataset_skip_bad", "dataset_allow_outside_paths", "max_text_chars", "train_split",
       "synthetic_train", "synthetic_kinds", "synthetic_levels"), "it decides the problems the prompt stream draws "
                                                                   "from"),
-    (("seed", "prompts_per_step"), "it decides the prompt stream and each step's random numbers, which the resume "
-                                    "replays"),
+    (("seed", "resample", "prompts_per_step"), "it decides the prompt stream and each step's random numbers, which "
+                                                "the resume replays"),
     (("test_split", "synthetic_test", "eval_size"), "it decides the test set of every evaluation of the run"),
     (("rollouts_per_prompt", "budget"), "the budget controller's saved state is built on it"),
     (("sketch_dim",), "a run stores sketches of one length"),
@@ -41,6 +41,14 @@ NOT_COMPARED = ("store_dir",)
 # keys added since a run may have been recorded, with the value such a run ran under (not today's default): a resume
 # continues it as it ran
 BEFORE_THE_KEY: dict[str, object] = {"merge_scope": "step"}
+
+
+def as_recorded(record: dict) -> dict:
+    """A run's recorded config under today's keys: a key added since the record was written takes the value such a
+    run ran under (BEFORE_THE_KEY, else its default: a key that changed nothing when it came). Resume continues a
+    run under it, and `fastrl bench` knows a finished run by it."""
+    defaults = json.loads(json.dumps(TrainConfig().options(), default=str))
+    return {**defaults, **BEFORE_THE_KEY, **record}
 
 
 def resume_command(store_dir: str | Path, run_id: str) -> str:
@@ -84,7 +92,7 @@ def load_resume_config(path: str | Path | None, overrides: list[str], run_id: st
     store_dir = read_config(path, overrides)[0].store_dir
     check_store_dir(store_dir)
     record = {key: value for key, value in recorded_config(store_dir, run_id).items() if key not in NOT_COMPARED}
-    record = {**BEFORE_THE_KEY, **record}
+    record = as_recorded(record)
     return load_config(path, overrides, base=record, base_source=f"run {run_id}'s record")
 
 

@@ -113,6 +113,7 @@ STEP_SEED_MULTIPLIER = 7_919  # prime
 STEP_SEED_OFFSET = 17  # so that seed 0 at step 0 is not generator seed 0
 SEED_MODULUS = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit signed seed
 EPOCH_SEED_MULTIPLIER = 7_919  # PromptSampler: epoch e of seed s is permuted by generator seed s * this + e
+RESAMPLE_STRIDE = 104_729  # prime: stream r of a step's rollouts is its seed + r * this (+1, +2 are other streams)
 
 
 class PromptSampler:
@@ -257,7 +258,8 @@ class Trainer:
         # 2. sample (the lm_head sketch accumulates inside generate when a projection is set)
         with timer.phase("generate"):
             model.eval()
-            rollouts = self.engine.generate(problems, counts, generator=torch.Generator().manual_seed(seed))
+            sample_seed = (seed + RESAMPLE_STRIDE * config.resample) % SEED_MODULUS
+            rollouts = self.engine.generate(problems, counts, generator=torch.Generator().manual_seed(sample_seed))
         group_ids = rollouts.prompt_index
         rollout_problems = [problems[i] for i in group_ids.tolist()]
 

@@ -142,6 +142,20 @@ def test_tiny_bench_interleaves_reports_and_resumes(tmp_path, capsys):
     assert "seed 0: training cppo; finished in the store: grpo, fastrl" in capsys.readouterr().out
 
 
+def test_a_run_recorded_before_a_key_existed_is_known_by_the_value_it_ran_under():
+    """`fastrl bench` re-reads a finished run whose record lacks a key added since (`resume.as_recorded`): a key
+    that changed nothing when it came counts as its default, one that changed the default as its old value."""
+    from fastrl_core.resume import as_recorded
+
+    config = bench.method_config("embedded", "grpo", 0, "store", []).options()
+    record = json.loads(json.dumps(config, default=str))
+    del record["resample"]  # recorded before the key: the run drew the seed's own samples
+    assert bench.comparable(as_recorded(record)) == bench.comparable(config)
+    del record["merge_scope"]  # recorded before the exact merge: the run merged a step's copies into one row
+    assert bench.comparable(as_recorded(record)) != bench.comparable(config)
+    assert bench.comparable(as_recorded(record)) == bench.comparable({**config, "merge_scope": "step"})
+
+
 def test_a_store_without_cpu_columns_still_reads_compacts_and_compares(tmp_path):
     """Steps rows written before `cpu_<phase>` existed (the synthetic steps have none) beside a run that has them."""
     import duckdb

@@ -85,6 +85,20 @@ def test_resume_continues_exactly(tmp_path):
     assert steps_a["reward_mean"].tolist() == pytest.approx(steps_b["reward_mean"].tolist())
 
 
+def test_resample_draws_other_rollouts_for_the_same_prompts(tmp_path):
+    """`resample` changes the rollouts' random stream only: same prompts, other samples; 0 is the seed's own."""
+    def first_step(name, **overrides):
+        trainer = Trainer(_config(tmp_path / name, steps=1, **overrides), progress=False)
+        trainer.train_step()
+        trainer.writer.finish()
+        return read_rollouts(tmp_path / name, trainer.writer.run_id).sort_values("rollout_id")
+
+    own, again, other = first_step("own"), first_step("again", resample=0), first_step("other", resample=1)
+    assert own["completion"].tolist() == again["completion"].tolist()
+    assert sorted(set(own["prompt_id"])) == sorted(set(other["prompt_id"]))
+    assert own["completion"].tolist() != other["completion"].tolist()
+
+
 def test_prompt_sampler_is_a_permutation_per_epoch():
     sampler = PromptSampler(10, 3, seed=1)
     seen = [i for step in range(3) for i in sampler.window(3 * step, 3)]

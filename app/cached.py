@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from fastrl_app import metrics
+from fastrl_app import analysis, metrics
 from fastrl_app.projection import Projection, SketchMap
 from fastrl_core import store
 
@@ -169,6 +169,18 @@ def rollouts(run_id: str, step: int, prompt_id: str | None = None) -> pd.DataFra
     """Every rollout of one step (or of one prompt's group in it), all columns but the sketch and the tokens; empty
     when the step's rollouts file does not read (`damaged` says why) or the run logs no rollouts."""
     return _rollouts(_key(), run_id, int(step), prompt_id, version(run_id))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _rollouts_with_parts(store_key: str, run_id: str, step: int, version: tuple) -> pd.DataFrame:
+    frame = _rollouts(store_key, run_id, step, None, version)
+    return frame.assign(multiplicity=analysis.multiplicity(frame), status=analysis.fates(frame))
+
+
+def rollouts_with_parts(run_id: str, step: int) -> pd.DataFrame:
+    """`rollouts` of a whole step with each row's `multiplicity` and `status` (analysis): worked out once a step,
+    not on every change of the Rollouts page's prompt group or filters (~0.1 s at 512 rollouts)."""
+    return _rollouts_with_parts(_key(), run_id, int(step), version(run_id))
 
 
 def damaged(run_id: str, step: int, table: str) -> str | None:

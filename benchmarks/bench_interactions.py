@@ -17,7 +17,7 @@ counts up to that long past the run's end; the report says how many waits ended 
           each page in the session included, as a user meets it);
   step    the Rollouts page's step slider, one step left then right again, by key (whatever wait Streamlit puts
           between a slider's last key and sending its value is counted, as the user has it);
-  prompt  the Rollouts page's prompt group, the next of its first prompts each time;
+  prompt  the Rollouts page's prompt group, one of its first 8 other than the one shown, each time;
   filter  the Rollouts page's Kept and Correct radios, yes -> no -> all;
   map     a box selection on the Embeddings map, two boxes in turn, once the map is UMAP's (the page shows PCA
           until its background fit is done; after `--umap-timeout` s the PCA map is used, and the output says so).
@@ -134,7 +134,7 @@ def change_step(page, times: int, timeout_s: float) -> list[float]:
 
 
 def change_prompt(page, times: int, timeout_s: float) -> list[float]:
-    """The Rollouts page's "Prompt group" box: open it, pick the option after the one shown (of its first 8)."""
+    """The Rollouts page's "Prompt group" box: open it, pick one of its first 8 options other than the one shown."""
     box = page.locator("[data-testid='stSelectbox']", has_text="Prompt group").first
     box.click()
     options = page.locator("[role='option']")
@@ -143,12 +143,14 @@ def change_prompt(page, times: int, timeout_s: float) -> list[float]:
     if count < 2:
         raise SystemExit("the Rollouts page's step has fewer than 2 prompt groups: nothing to change to")
     seconds = []
-    for _ in range(times):
+    for turn in range(times):
+        current = box.inner_text()  # the label and the group shown
         box.click()
         shown = page.locator("[role='option']")
-        selected = next((k for k in range(count) if shown.nth(k).get_attribute("aria-selected") == "true"), -1)
+        others = [k for k in range(count) if shown.nth(k).inner_text().strip() not in current]
 
-        def pick(index=(selected + 1) % count):  # never the group already shown: that would not rerun the page
+        # never the group already shown (by its text: a pick by position once chose it, which reruns nothing)
+        def pick(index=others[turn % len(others)]):
             page.locator("[role='option']").nth(index).click()
 
         seconds.append(timed(page, pick, timeout_s))

@@ -97,8 +97,7 @@ def group_view() -> None:
     """The step's prompt groups under the filters. A change of the prompt group, a filter or the rollout shown in
     full reruns only this part of the page (the run, the step and the run compared with are in the sidebar)."""
     groups = cached.groups(run_id, step)
-    rollouts = cached.rollouts(run_id, step)
-    rollouts = rollouts.assign(multiplicity=analysis.multiplicity(rollouts), status=analysis.fates(rollouts))
+    rollouts = cached.rollouts_with_parts(run_id, step)
     if groups.empty and widgets.file_problem(run_id, step, "groups", "its prompt groups cannot be shown"):
         widgets.stop()
     prompt_ids = groups["prompt_id"].tolist()

@@ -78,10 +78,15 @@ if widgets.is_live(run):
     newer_steps()
 
 
+# Built once a page run: a selection reruns only the fragment below, which draws this same figure (building it with
+# plotly.express would otherwise be part of every selection's wait).
+sketch_map = charts.sketch_map(points, colour=colour, revision=f"{run_id}/{projection.method}")
+
+
 @st.fragment
 def map_and_selection() -> None:
-    event = st.plotly_chart(charts.sketch_map(points, colour=colour, revision=f"{run_id}/{projection.method}"),
-                            key=f"map_{projection.method}", on_select="rerun", selection_mode=("box", "lasso"))
+    event = st.plotly_chart(sketch_map, key=f"map_{projection.method}", on_select="rerun",
+                            selection_mode=("box", "lasso"))
     picked = analysis.selected_keys(event.selection.points)
     if not picked:
         st.info("Select points on the map (box or lasso) to see those rollouts here.")

@@ -48,6 +48,9 @@ def run_demo(*, store: Path, port: int, address: str, steps: int | None, overrid
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    # Python leaves SIGINT ignored when it starts ignored (a job started in the background by a script), and then
+    # `kill -INT` would not stop the demo: Ctrl-C stops it however it was started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()  # the wall time README states: app start, warm start, training and evaluations
     store.mkdir(parents=True, exist_ok=True)
     overrides = [*(overrides or []), *([f"steps={steps}"] if steps is not None else [])]

@@ -116,8 +116,8 @@ def finished_runs(store: Path, configs: dict[tuple[str, int], RunConfig]) -> dic
     found = {}
     for key, config in configs.items():
         mine = runs[(runs["name"] == config.run_name)]
-        same = mine.loc[[comparable(as_recorded(json.loads(c))) == comparable(config.options())
-                         for c in mine["config"]]]
+        wanted = comparable(config.options())
+        same = mine.loc[[comparable(as_recorded(json.loads(c))) == wanted for c in mine["config"]]]
         done = same[same["status"] == "finished"]
         if len(done):
             found[key] = str(done["run_id"].iloc[-1])

@@ -179,7 +179,7 @@ def _rollouts_with_parts(store_key: str, run_id: str, step: int, version: tuple)
 
 def rollouts_with_parts(run_id: str, step: int) -> pd.DataFrame:
     """`rollouts` of a whole step with each row's `multiplicity` and `status` (analysis): worked out once a step,
-    not on every change of the Rollouts page's prompt group or filters (~0.1 s at 512 rollouts)."""
+    not on every change of the Rollouts page's prompt group or filters."""
     return _rollouts_with_parts(_key(), run_id, int(step), version(run_id))
 
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shlex
 from collections.abc import Iterable
@@ -47,8 +48,13 @@ def as_recorded(record: dict) -> dict:
     """A run's recorded config under today's keys: a key added since the record was written takes the value such a
     run ran under (BEFORE_THE_KEY, else its default: a key that changed nothing when it came). Resume continues a
     run under it, and `fastrl bench` knows a finished run by it."""
-    defaults = json.loads(json.dumps(TrainConfig().options(), default=str))
-    return {**defaults, **BEFORE_THE_KEY, **record}
+    return {**_defaults(), **BEFORE_THE_KEY, **record}
+
+
+@functools.cache
+def _defaults() -> dict:
+    """Every key's default as a record holds it (JSON values); read-only: callers copy it."""
+    return json.loads(json.dumps(TrainConfig().options(), default=str))
 
 
 def resume_command(store_dir: str | Path, run_id: str) -> str:

@@ -12,7 +12,8 @@ loading placeholder left, every Plotly chart drawn). A run is seen starting when
 to "running" (a MutationObserver armed just before the input). A run too fast for the page to ever show "running"
 (React draws its start and its end in one go; the floor app's runs are) is seen by its messages instead: the
 server's socket sent something after the input and has then been quiet for `QUIET_MS` with the page drawn, which
-counts up to that long past the run's end; the report says how many waits ended that way. The kinds, in this order in the one session:
+counts up to that long past the run's end; the report says how many waits ended that way. The kinds, in this
+order in the one session:
   page    a sidebar link, Budget -> Rollouts -> Embeddings -> Demo -> Runs, `--rounds` rounds (the first visit of
           each page in the session included, as a user meets it);
   step    the Rollouts page's step slider, one step left then right again, by key (whatever wait Streamlit puts
@@ -25,7 +26,8 @@ Prints each kind's median and max (s) against the target, median <= 0.5 s and no
 same over every interaction. An interaction that is not drawn within `--timeout` counts as that long, and what the
 page showed then is printed (the script's state, placeholders left, charts drawn), and the session goes on.
 `--floor` times page switches and radio changes on `floor_app.py` (two pages of a title and one tiny chart): what
-this machine and browser cost any Streamlit interaction, before the app's work. Times include Playwright's own dispatch of the input. The Demo page checks for new
+this machine and browser cost any Streamlit interaction, before the app's work. Times include Playwright's own
+dispatch of the input. The Demo page checks for new
 runs every 10 s even when nothing trains (a small fragment, `widgets.redraw_on_change`): a check that happens to
 start inside an interaction's wait may end that wait early (rare; it runs for milliseconds, and the result of the
 interaction is then usually drawn already). Run on a quiet machine: other work

@@ -1,7 +1,7 @@
-"""The least a dashboard with pages and a control can be: two pages named as the app's first two (st.navigation),
-each a title and one three-point Plotly chart, and the Rollouts page's Kept and Correct radios in the sidebar. `bench_interactions.py --floor`
-serves it with the same Streamlit and times page switches and radio changes in the same browser: what any
-interaction costs on this machine before the app's own work."""
+"""The least a dashboard with pages and controls can be: two pages named as the app's first two (st.navigation),
+each a title, one three-point Plotly chart and the Rollouts page's Kept and Correct radios (in the sidebar).
+`bench_interactions.py --floor` serves it with the same Streamlit and times page switches and radio changes in the
+same browser: what any interaction costs on this machine before the app's own work."""
 
 import plotly.graph_objects as go
 import streamlit as st

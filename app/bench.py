@@ -66,21 +66,24 @@ def parse_seeds(text: str, what: str) -> list[int]:
     return seeds
 
 
-def plan(methods: list[str], seeds: list[int], seeds_for: dict[str, list[int]]) -> dict[str, list[int]]:
-    """Seeds of each method (`seeds_for` overrides `seeds`); each baseline gets at least its methods' seeds (the
-    speed-ups pair runs by seed) and is added when missing. Ordered: baselines first, then as given."""
-    unknown = [m for m in [*methods, *seeds_for] if m not in METHODS]
+def plan(methods: list[str], seeds: list[int], seeds_for: dict[str, list[int]], baseline: str | None = None
+         ) -> dict[str, list[int]]:
+    """Seeds of each method (`seeds_for` overrides `seeds`); each method's baseline (`baseline`, else the plain GRPO
+    of its objective) gets at least its methods' seeds (the speed-ups pair runs by seed) and is added when missing,
+    and no other GRPO is trained. Ordered: baselines first, then as given."""
+    unknown = [m for m in [*methods, *seeds_for, *([baseline] if baseline else [])] if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    idle = sorted(set(seeds_for) - set(methods) - {baseline_of(m) for m in methods})
+    base_of = {m: baseline or baseline_of(m) for m in methods}
+    idle = sorted(set(seeds_for) - set(methods) - set(base_of.values()))
     if idle:
         raise ValueError(f"--seeds-for names {idle}, not among the methods {methods} or their baselines")
     chosen = {m: list(seeds_for.get(m, seeds)) for m in methods}
-    for method in list(chosen):
-        base = baseline_of(method)
+    for method, base in base_of.items():
         have = chosen.setdefault(base, list(seeds_for.get(base, seeds)))
         chosen[base] = sorted(set(have) | set(chosen[method]))
-    order = sorted(chosen, key=lambda m: (baseline_of(m) != m, list(chosen).index(m)))
+    bases = set(base_of.values())
+    order = sorted(chosen, key=lambda m: (m not in bases, list(chosen).index(m)))
     return {m: chosen[m] for m in order}
 
 
@@ -256,34 +259,34 @@ def headline_table(summary) -> str:
     return "\n".join(lines)
 
 
-def cost_table(steps, per_run) -> tuple[str, list[dict]]:
-    """`metrics.phase_costs` over every step of the bench, the fixed share of a GRPO step it implies and the step
-    speed-ups it allows (`metrics.step_ceilings`)."""
+def cost_table(steps, per_run, baseline: str = "grpo") -> tuple[str, list[dict]]:
+    """`metrics.phase_costs` over every step of the bench, the fixed share of a `baseline` step it implies and the
+    step speed-ups it allows (`metrics.step_ceilings`)."""
     costs = metrics.phase_costs(steps)
     lines = ["| phase | scales with | fixed s/step | ms per rollout | r² | steps |", "|---|---|---|---|---|---|"]
     for _, c in costs.iterrows():
         lines.append(f"| {c['phase']} | {c['count'].replace('_', ' ')} | {_fmt(c['fixed'], '.3f')} | "
                      f"{_fmt(c['per_rollout'] * 1000, '.2f')} | {_fmt(c['r2'], '.2f')} | {c['steps']} |")
-    grpo = steps[steps["run_id"].isin(per_run.loc[per_run["method"] == "grpo", "run_id"])]
+    base_steps = steps[steps["run_id"].isin(per_run.loc[per_run["method"] == baseline, "run_id"])]
     pass_lines = costs[costs["phase"] != "generate"]
-    if len(grpo) and pass_lines["fixed"].notna().all():
+    if len(base_steps) and pass_lines["fixed"].notna().all():
         text = []
-        counts = {c: float(grpo[c].mean()) for c in costs["count"]}  # GRPO's mean of each line's count per step
+        counts = {c: float(base_steps[c].mean()) for c in costs["count"]}  # the baseline's mean count per step
         if costs["fixed"].notna().all():
             fixed = costs["fixed"].sum()
             fitted = fixed + sum(c["per_rollout"] * counts[c["count"]] for _, c in costs.iterrows())
             mean_counts = ", ".join(f"{value:.0f} {c.removeprefix('rollouts_').replace('_', ' ')}"
                                     for c, value in counts.items())
-            text.append(f"Least-squares lines over all {len(steps)} steps of every run. At GRPO's mean counts "
-                        f"({mean_counts} per step) the fixed parts are {fixed:.3f} s of the fitted {fitted:.3f} s "
-                        f"of these three phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this "
+            text.append(f"Least-squares lines over all {len(steps)} steps of every run. At `{baseline}`'s mean "
+                        f"counts ({mean_counts} per step) the fixed parts are {fixed:.3f} s of the fitted "
+                        f"{fitted:.3f} s of these three phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this "
                         "model and machine.")
-        step = per_run.loc[per_run["method"] == "grpo", "seconds_per_step"].mean()
+        step = per_run.loc[per_run["method"] == baseline, "seconds_per_step"].mean()
         sampled = counts["rollouts_sampled"]
         ceiling, left = metrics.step_ceilings(costs, step, counts)
         if math.isfinite(ceiling):
-            text.append(f"Phase-line ceiling: against GRPO's mean step ({step:.3f} s), a pruner that kept no row "
-                        f"at all would step {ceiling:.2f}× faster; a 2.5× step would also need "
+            text.append(f"Phase-line ceiling: against `{baseline}`'s mean step ({step:.3f} s), a pruner that kept "
+                        f"no row at all would step {ceiling:.2f}× faster; a 2.5× step would also need "
                         + ("a generation line that rises with the rollouts sampled, which these steps do not give "
                            "(say, a sketch that only some methods pay for)." if not math.isfinite(left) else
                            f"sampling at most {left:.0f} of the {sampled:.0f} rollouts ({left / sampled - 1:+.0%})."
@@ -373,7 +376,7 @@ def _records(frame) -> list[dict]:
 
 def write_report(out: Path, per_run, summary, curves, steps, *, header: dict) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    costs_text, costs = cost_table(steps, per_run)
+    costs_text, costs = cost_table(steps, per_run, header.get("baseline", "grpo"))
     split = f"Accuracy: evaluation split `{header['split']}`.\n\n" if "split" in header else ""
     void = metrics.start_disagreements(per_run)
     warning = ("**Void comparison**: " + "; ".join(void) + ".\n\n") if void else ""
@@ -436,8 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", metavar="RESULTS_JSON", default=None,
                         help="another bench's results.json: print both per-step ratios and whether within 10 %%")
     parser.add_argument("--baseline", default=None, metavar="METHOD",
-                        help="the plain-GRPO method every other is compared with (default: grpo); e.g. "
-                             "grpo_unmerged, GRPO as TRL runs it; finished runs are re-read, so this re-reports a bench")
+                        help="the plain-GRPO method every other is compared with, trained where missing (default: each "
+                             "method's objective's GRPO, e.g. grpo); e.g. grpo_unmerged, GRPO as TRL runs it; finished "
+                             "runs are re-read, so this re-reports a bench")
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
     args = parser.parse_args(argv)
     try:
@@ -451,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         owned = [o for o in args.overrides if o.partition("=")[0] in ("seed", "store_dir", "run_name")]
         if owned:
             raise ValueError(f"override(s) {owned}: the bench sets seed (--seeds), store_dir (--store) and run_name")
-        chosen = plan([m.strip() for m in args.methods.split(",") if m.strip()], seeds, seeds_for)
+        chosen = plan([m.strip() for m in args.methods.split(",") if m.strip()], seeds, seeds_for, args.baseline)
         configs = {(m, s): method_config(args.config, m, s, args.store, args.overrides)
                    for m, method_seeds in chosen.items() for s in method_seeds}  # load_config checks names
     except (ValueError, KeyError) as error:
@@ -471,8 +475,6 @@ def main(argv: list[str] | None = None) -> int:
 
     test_split = next(iter(configs.values())).test_split
     split = args.split or test_split
-    if args.baseline is not None and args.baseline not in chosen:
-        parser.error(f"--baseline {args.baseline}: not among the methods {list(chosen)}")
     try:
         per_run, summary, curves, steps = collect(store, run_ids, split, args.baseline)
     except ValueError as error:

@@ -28,6 +28,11 @@ def test_plan_adds_each_baseline_with_the_seeds_it_is_paired_on():
         bench.plan(["grpo", "nope"], [0], {})
     with pytest.raises(ValueError, match=r"--seeds-for names \['cppo'\]"):
         bench.plan(["fastrl"], [0], {"cppo": [1]})
+    against = bench.plan(["fastrl", "grpo"], [0, 1], {}, baseline="grpo_unmerged")
+    assert against == {"grpo_unmerged": [0, 1], "fastrl": [0, 1], "grpo": [0, 1]}  # no GRPO added but the baseline's
+    assert list(bench.plan(["fastrl"], [3], {}, baseline="grpo_unmerged")) == ["grpo_unmerged", "fastrl"]
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['nope'\]"):
+        bench.plan(["fastrl"], [0], {}, baseline="nope")
     assert bench.parse_seeds("0, 2,5", "--seeds") == [0, 2, 5]
     for bad in ("", "0,0", "a", "-1"):
         with pytest.raises(ValueError, match="--seeds"):
@@ -267,7 +272,7 @@ def test_cost_table_gives_the_ceiling_when_generation_does_not_rise_with_the_rol
     per_run = pd.DataFrame({"run_id": ["g", "f"], "method": ["grpo", "fastrl"], "seconds_per_step": [1.0, 0.8]})
     text, _ = bench.cost_table(steps, per_run)
     assert "|\n\nLeast-squares lines" in text  # a paragraph of its own below the table
-    assert "Phase-line ceiling: against GRPO's mean step (1.000 s), a pruner that kept no row at all would step " \
+    assert "Phase-line ceiling: against `grpo`'s mean step (1.000 s), a pruner that kept no row at all would step " \
            "1.25× faster" in text
     assert "a generation line that rises with the rollouts sampled, which these steps do not give" in text
 

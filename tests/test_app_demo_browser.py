@@ -178,24 +178,28 @@ def test_report_button_writes_a_file_that_opens_offline(demo, page, browser, tmp
     offline.close()
 
 
-def test_budget_page_timeline_and_whole_run_heatmap(demo, page):
+def test_budget_page_tabs_split_timeline_and_whole_run_heatmap(demo, page):
     finished(demo)
     store_dir, url, _, _ = demo
     run_id = run_id_of(store_dir, "fastrl")
-    load(page, f"{url}/budget?run={run_id}", "Per-prompt budget, the whole run", "budget")
+    load(page, f"{url}/budget?run={run_id}", "Where plain GRPO's rollouts went", "budget")
+    names = {t["name"] for t in plot_traces(page)}
+    assert {"skipped by the budget", "merged as duplicates (every method)", "pruned by the method's rule"} <= names
+    assert not any(t["type"] == "heatmap" for t in plot_traces(page))  # a closed tab is not built
+    page.screenshot(path=str(SCREENSHOTS / "budget.png"), full_page=True)
+
+    page.get_by_role("tab", name="One prompt").click()
     page.wait_for_selector("text=One prompt's visits")
-    page.get_by_text("Per-prompt budget, the whole run").scroll_into_view_if_needed()
     page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')]
-        .some(el => (el._fullData || []).some(t => t.type === 'heatmap'))""")  # drawn once scrolled into view
+        .some(el => (el._fullData || []).some(t => (t.name || '').startsWith('sampled · ')))""")  # the decisions
+    page.get_by_role("tab", name="Whole run").click()
+    page.wait_for_function("""() => [...document.querySelectorAll('.js-plotly-plot')]
+        .some(el => (el._fullData || []).some(t => t.type === 'heatmap'))""")
     heatmap = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(el => el._fullData)
         .filter(t => t.type === 'heatmap').map(t => ({x: Array.from(t.x), y: Array.from(t.y)}))""")[0]
     assert heatmap["x"] == list(range(10)) and len(heatmap["y"]) == 16
     assert all(label.startswith("synthetic_train_") for label in heatmap["y"])
-    page.evaluate("window.scrollTo(0, 0)")
-    names = {t["name"] for t in plot_traces(page)}
-    assert {"skipped by the budget", "merged as duplicates (every method)", "pruned by the method's rule"} <= names
-    assert any(n.startswith("sampled · ") for n in names)  # the timeline's decisions
-    page.screenshot(path=str(SCREENSHOTS / "budget.png"), full_page=True)
+    assert "view=Whole" in page.url  # the open tab is in the link
 
 
 def test_rollouts_page_links_side_by_side_and_full_text(demo, page):

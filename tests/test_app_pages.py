@@ -404,10 +404,16 @@ def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
     assert split["layout"]["uirevision"] == run_ids["fastrl"]  # zoom survives live redraws
     totals = savings.split_totals(savings.rollout_split(steps))
     assert f"**{totals['skipped']:,} ({totals['skipped'] / totals['nominal']:.0%}) skipped by the budget**" in texts(at)
+    assert len(plotly_specs(at)) == 1  # only the open tab, Split, is built: the others wait
+    assert "timeline_prompt" not in [w.key for w in at.selectbox]
+
+    at = open_page(monkeypatch, store_dir, "budget", run=run_ids["fastrl"], view="Whole run")
     heatmap = next(s for s in plotly_specs(at) if s["data"][0].get("type") == "heatmap")
     assert list(heatmap["data"][0]["x"]) == list(range(REAL_STEPS))  # the whole run, every step
     assert len(heatmap["data"][0]["y"]) == store.read_groups(store_dir, run_ids["fastrl"])["prompt_id"].nunique()
+    at = open_page(monkeypatch, store_dir, "budget", run=run_ids["fastrl"], view="One prompt")
     assert "timeline_prompt" in [w.key for w in at.selectbox]
+    at = open_page(monkeypatch, store_dir, "budget", run=run_ids["fastrl"], view="Group sizes")
     rollouts = store.read_rollouts(store_dir, run_ids["fastrl"])
     pruned = {analysis.reason_label(r) for r in rollouts.loc[~rollouts["kept"], "reason"]}
     reasons = next(s for s in plotly_specs(at) if s["layout"].get("barmode") == "relative")

@@ -1,6 +1,7 @@
-"""Budget: where the rollouts went, step by step — live while the run trains. The split of plain GRPO's prompts × n
-(skipped by the budget, merged as duplicates, pruned by the method's rule, kept), the budget's per-prompt decisions
-on a timeline, and a heatmap of the whole run."""
+"""Budget: where the rollouts went, step by step — live while the run trains. One tab each (only the open one is
+built and drawn): the split of plain GRPO's prompts × n (skipped by the budget, merged as duplicates, pruned by the
+method's rule, kept), the group sizes and reasons, one prompt's budget decisions on a timeline, and a heatmap of the
+whole run."""
 
 import pandas as pd
 import streamlit as st
@@ -9,6 +10,7 @@ from fastrl_app import analysis, cached, charts, savings, widgets
 
 HEATMAP_PROMPTS = 100  # prompts a page of the heatmap shows (a real run has thousands)
 HEATMAP_COLUMNS = 200  # columns it shows at most: longer runs are binned into groups of steps
+TABS = ["Split", "Group sizes", "One prompt", "Whole run"]  # `?view=`: the open one is the only one drawn
 
 st.title("Rollout budget")
 runs = widgets.runs_or_wait()
@@ -51,6 +53,23 @@ def budget() -> None:
                         f"probe: {n_min} for a prompt decided on its last visit; trimmed: fewer for a mixed prompt; "
                         "skip: none this step.")
 
+    split_tab, sizes_tab, prompt_tab, whole_tab = st.tabs(
+        TABS, key="view", bind="query-params", default="One prompt" if "prompt" in st.query_params else None)
+    if split_tab.open:  # lazy: only the open tab's charts are built and sent
+        with split_tab:
+            rollout_split(steps)
+    if sizes_tab.open:
+        with sizes_tab:
+            group_sizes(matrix)
+    if prompt_tab.open:
+        with prompt_tab:
+            prompt_visits(matrix)
+    if whole_tab.open:
+        with whole_tab:
+            whole_run(matrix)
+
+
+def rollout_split(steps: pd.DataFrame) -> None:
     st.subheader("Where plain GRPO's rollouts went")
     if savings.has_split(steps):
         split = savings.rollout_split(steps)
@@ -68,6 +87,8 @@ def budget() -> None:
                 "and kept are known.")
         st.plotly_chart(charts.sampled_vs_kept(steps, revision=run_id), key="sampled_vs_kept")
 
+
+def group_sizes(matrix: pd.DataFrame) -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("Rollouts per prompt")
@@ -82,6 +103,8 @@ def budget() -> None:
         else:
             st.plotly_chart(charts.reason_areas(counts, revision=run_id), key="reasons")
 
+
+def prompt_visits(matrix: pd.DataFrame) -> None:
     st.subheader("One prompt's visits")
     visits = matrix.groupby("prompt_id")["step"].agg(["size", "max"]).sort_values("size", ascending=False,
                                                                                     kind="stable")
@@ -102,6 +125,8 @@ def budget() -> None:
     st.caption("Each visit: rollouts sampled (the bar, coloured by the budget's decision) and kept (◆), and the "
                "outcome the budget reads next time: a mixed group teaches something, an all-equal one does not.")
 
+
+def whole_run(matrix: pd.DataFrame) -> None:
     st.subheader("Per-prompt budget, the whole run")
     order = analysis.heatmap_prompts(matrix)
     pages = max(1, -(-len(order) // HEATMAP_PROMPTS))

@@ -155,7 +155,7 @@ def test_rollouts_deep_link_and_the_other_pages_render(served, page):
     assert page.locator("[data-testid='stImage'] img").count() >= 1
     page.screenshot(path=str(SCREENSHOTS / "rollouts.png"))
     for name, path, marker in (("runs", "runs", "Compare runs"),
-                               ("budget", f"budget?run={run_id}", "Per-prompt budget"),
+                               ("budget", f"budget?run={run_id}", "Where plain GRPO's rollouts went"),
                                ("demo", "demo", "Speed and accuracy against GRPO")):
         page.goto(f"{url}/{path}")
         page.wait_for_selector(f"text={marker}")

@@ -81,6 +81,7 @@ def test_early_in_a_run_the_texts_say_what_there_is(monkeypatch, tmp_path):
     assert "AUC: mean accuracy over the training seconds of the shortest run (none has trained yet)" in shown
     budget = open_page(monkeypatch, tmp_path, "budget")
     assert "(3 steps × prompts × n)" in texts(budget) and "skipped the no pass" not in texts(budget)
+    budget = open_page(monkeypatch, tmp_path, "budget", view="Group sizes")
     per_prompt = next(s for s in plotly_specs(budget) if s["layout"]["yaxis"]["title"]["text"] == "rollouts per prompt")
     assert per_prompt["data"][-1]["mode"] == "lines"  # three steps: a line
 

@@ -279,8 +279,8 @@ def cost_table(steps, per_run, baseline: str = "grpo") -> tuple[str, list[dict]]
                                     for c, value in counts.items())
             text.append(f"Least-squares lines over all {len(steps)} steps of every run. At `{baseline}`'s mean "
                         f"counts ({mean_counts} per step) the fixed parts are {fixed:.3f} s of the fitted "
-                        f"{fitted:.3f} s of these three phases ({fixed / fitted:.0%}): no pruner or budget goes below them on this "
-                        "model and machine.")
+                        f"{fitted:.3f} s of these three phases ({fixed / fitted:.0%}): no pruner or budget goes "
+                        "below them on this model and machine.")
         step = per_run.loc[per_run["method"] == baseline, "seconds_per_step"].mean()
         sampled = counts["rollouts_sampled"]
         ceiling, left = metrics.step_ceilings(costs, step, counts)

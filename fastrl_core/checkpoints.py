@@ -130,7 +130,7 @@ def save(run_root: Path, step: int, write: Callable[[Path], None]) -> Path:
             write(tmp)
             write_manifest(tmp)
             if final.exists():  # a damaged (or pre-manifest) folder of this step
-                shutil.rmtree(final)
+                _delete(final)
             os.rename(tmp, final)
         except BaseException as error:
             full = disk_full(run_root, error) if isinstance(error, Exception) else None
@@ -148,6 +148,17 @@ def save(run_root: Path, step: int, write: Callable[[Path], None]) -> Path:
     return final
 
 
+def _delete(folder: Path) -> None:
+    """Delete a checkpoint folder as one step: renamed to a temp name first, so a kill midway leaves a temp folder
+    (never read; `remove_stale` deletes it) rather than a half-deleted checkpoint that `store check` calls damaged."""
+    gone = folder.with_name(f".tmp-gone-{folder.name}-{os.getpid()}")
+    try:
+        os.rename(folder, gone)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
 def _remove_older(run_root: Path, step: int) -> None:
     """Keep the checkpoint of `step` and the KEEP - 1 complete ones before it; delete the rest (older ones, and
     newer ones a resume from an earlier checkpoint left behind) and the layout before step folders."""
@@ -155,7 +166,7 @@ def _remove_older(run_root: Path, step: int) -> None:
     keep = {run_root / f"step_{step:06d}", *earlier[len(earlier) - (KEEP - 1):]}
     for _, folder in checkpoint_folders(run_root):
         if folder not in keep:
-            shutil.rmtree(folder, ignore_errors=True)
+            _delete(folder)
     shutil.rmtree(run_root.with_name(run_root.name + ".tmp"), ignore_errors=True)
     for name in ("policy", *LEGACY_MARKERS):  # the layout before step folders
         path = run_root / name

@@ -209,6 +209,30 @@ def test_a_checkpoint_swap_always_leaves_whole_checkpoints_the_newest_and_the_pr
     assert checkpoints.find_latest(old) == old.with_name("old.tmp")
 
 
+def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """Deleting the checkpoint two saves back is one rename, then the deletion: a kill midway (here: the deletion
+    stops after one file) leaves a temp folder that is never read and that the next save removes, not a step folder
+    with its manifest and half its files (which `store check` names as damaged; CI's fault campaign found one)."""
+    root = tmp_path / "checkpoints" / "run"
+    for step in (2, 4):
+        checkpoints.save(root, step, _write_ok)
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):
+        next(p for p in Path(path).rglob("*") if p.is_file()).unlink()
+        raise KeyboardInterrupt  # what a SIGKILL would leave: the deletion stopped, nothing else ran
+
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save(root, 6, _write_ok)
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", real_rmtree)
+    assert [folder.name for _, folder in layout.checkpoint_folders(root)] == ["step_000004", "step_000006"]
+    assert all(checkpoints.manifest_problem(root / f"step_{s:06d}") is None for s in (4, 6))
+    assert [p.name for p in root.iterdir() if p.name.startswith(".tmp-")] == [f".tmp-gone-step_000002-{os.getpid()}"]
+    checkpoints.save(root, 8, _write_ok)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000006", "step_000008"]
+
+
 # --------------------------------------------------------------------------------------------- damaged files
 
 def _damage(store: Path, run_id: str) -> dict[str, Path]:

@@ -504,3 +504,25 @@ def test_the_next_writer_removes_the_store_database_temp_file_a_killed_process_l
     layout.init_store(tmp_path)
     assert not any(p.exists() for p in left) and live.exists() and check_store(tmp_path) == []
     assert run_id in layout.list_runs(tmp_path)
+
+
+def test_the_next_writer_removes_the_temp_run_json_a_writer_killed_before_its_run_existed_left(tmp_path):
+    """A writer killed between claiming its run folder and renaming its run.json into place leaves
+    `runs/<id>/run.json.tmp-<pid>` in a folder no `--resume` can name: `store check` names the temp file, and the next
+    writer removes it, while a live process's temp file in a just-claimed folder stays (CI's fault-injection campaign
+    found one at its end after a kill "before the run existed")."""
+    from fastrl_core.store import check_store, layout
+
+    run_id = _fake_run(tmp_path, finish=False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    unborn, claimed = tmp_path / "runs" / "demo-20261207-101010", tmp_path / "runs" / "demo-20261207-101011"
+    unborn.mkdir()
+    claimed.mkdir()
+    left = unborn / f"run.json.tmp-{int(dead.stdout)}"
+    live = claimed / f"run.json.tmp-{os.getppid()}"  # a writer that has just claimed its folder
+    left.write_bytes(b'{"run_id": ')
+    live.write_bytes(b'{"run_id": ')
+    assert [d.path for d in check_store(tmp_path)] == [str(left.relative_to(tmp_path))]
+    layout.init_store(tmp_path)
+    assert not left.exists() and live.exists() and check_store(tmp_path) == []
+    assert layout.list_runs(tmp_path) == [run_id]

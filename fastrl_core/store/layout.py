@@ -369,6 +369,18 @@ def open_views(store_dir: str | Path) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(str(store_dir / "store.duckdb"), read_only=True, config={"file_search_path": str(store_dir)})
 
 
+def _remove_unborn_runs_temp_files(store_dir: Path) -> None:
+    """A writer killed after claiming its run folder but before its run.json landed leaves `run.json.tmp-<pid>` in
+    a folder no resume can name (no run.json, no run): remove the temp files of processes that are not running.
+    The folder stays (a live writer may have just claimed it and not written yet)."""
+    for entry in os.scandir(store_dir / "runs"):
+        if entry.is_dir(follow_symlinks=False) and RUN_ID.fullmatch(entry.name) \
+                and not os.path.exists(os.path.join(entry.path, "run.json")):
+            for path in Path(entry.path).rglob("*.tmp-*"):
+                if stale_temp_pid(path.name) is not None:
+                    path.unlink(missing_ok=True)
+
+
 def init_store(store_dir: Path) -> None:
     """Create the directory layout, the zero-row seed files and `store.duckdb`.
 
@@ -388,6 +400,7 @@ def init_store(store_dir: Path) -> None:
     for entry in os.scandir(store_dir):  # what a process killed here left (every run's writer comes through here)
         if entry.name.startswith(f"{database.name}.tmp-") and stale_temp_pid(entry.name) is not None:
             Path(entry.path).unlink(missing_ok=True)
+    _remove_unborn_runs_temp_files(store_dir)
     tmp = _tmp(database)
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp), config={"file_search_path": str(store_dir.resolve())})

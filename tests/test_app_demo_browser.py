@@ -224,11 +224,15 @@ def test_rollouts_page_links_side_by_side_and_full_text(demo, page):
 def test_runs_and_embeddings_pages(demo, page):
     finished(demo)
     store_dir, url, _, _ = demo
-    load(page, f"{url}/runs", "Where each run's rollouts went", "runs")
+    load(page, f"{url}/runs", "Mean of the seeds", "runs")  # the first tab: the methods across seeds
     page.wait_for_selector(".js-plotly-plot")
     colours = {t["name"]: t["colour"] for t in plot_traces(page) if t["name"] in ("fastrl (1 seed)", "grpo (1 seed)")}
     assert colours == {"fastrl (1 seed)": palette.FASTRL, "grpo (1 seed)": palette.GRPO}
     page.screenshot(path=str(SCREENSHOTS / "runs.png"), full_page=True)
+    page.get_by_role("tab", name="Where rollouts went").click()  # built when opened; the link names it
+    page.wait_for_selector("text=Where each run's rollouts went")
+    page.wait_for_function(READY)
+    assert "view=Where" in page.url and page.locator("[data-testid='stException']").count() == 0
     load(page, f"{url}/embeddings?run={run_id_of(store_dir, 'grpo')}", "is plain GRPO",
          "embeddings (GRPO run)")
     load(page, f"{url}/embeddings?run={run_id_of(store_dir, 'fastrl')}", "map of", "embeddings")

@@ -307,12 +307,14 @@ def test_runs_page_compares_methods_across_seeds_by_hand(monkeypatch, designed):
     assert names == ["grpo (2 seeds)", "fastrl (2 seeds)"]
     fastrl_mean = next(t for t in band["data"] if t.get("name") == "fastrl (2 seeds)")
     assert _values(fastrl_mean["y"])[0] == pytest.approx(0.30) and _values(fastrl_mean["x"])[-1] == pytest.approx(6.0)
-    per_seed = frame(at, "compare_table").set_index("run")
+    at.multiselect(key="methods").set_value(["fastrl"]).run()  # without its baseline: no speed-up to show
+    assert frame(at, "methods_table").set_index("method").loc["fastrl", "step speed-up"] == "—"
+    compared = open_page(monkeypatch, store_dir, None, view="Compare runs")
+    assert not [d for d in compared.dataframe if "reached target" in d.value.columns]  # only the open tab is built
+    per_seed = frame(compared, "compare_table").set_index("run")
     assert per_seed.loc[run_ids["fastrl"], "target_speedup"] == "3.00×"  # shown as text: no "None" in a table
     assert per_seed.loc[run_ids["fastrl-1"], "target_speedup"] == "2.00×"
     assert not per_seed.isin(["None", None]).any().any()
-    at.multiselect(key="methods").set_value(["fastrl"]).run()  # without its baseline: no speed-up to show
-    assert frame(at, "methods_table").set_index("method").loc["fastrl", "step speed-up"] == "—"
 
 
 def test_runs_and_demo_pages_switch_to_mean_at_k_where_runs_recorded_it(monkeypatch, tmp_path, designed):
@@ -359,8 +361,8 @@ def test_runs_page_is_served_at_its_own_address(monkeypatch, designed):
 
 def test_runs_page_on_real_runs(monkeypatch, trained):
     store_dir, run_ids = trained
+    listed = frame(open_page(monkeypatch, store_dir, None, view="All runs"), "runs_table").set_index("run")
     at = open_page(monkeypatch, store_dir, None)
-    listed = frame(at, "runs_table").set_index("run")
     runs = store.read_runs(store_dir).set_index("run_id")
     assert set(listed.index) == set(run_ids.values()) and set(listed["status"]) == {"finished"}
     for run_id in run_ids.values():
@@ -876,7 +878,7 @@ def test_a_config_changed_on_resume_shows_on_the_runs_page_and_the_map_uses_the_
     assert analysis.config_in_force(runs.iloc[0], 3)["pruner"] == "fastrl"  # ... and the history what was before
     assert analysis.config_in_force(runs.iloc[0], 4) == {"pruner": "none", "lr": 1e-3, "steps": 8}
 
-    at = open_page(monkeypatch, tmp_path, None)
+    at = open_page(monkeypatch, tmp_path, None, view="All runs")
     table = next(d.value for d in at.dataframe if "before" in d.value.columns)
     assert table.to_dict("records") == [
         {"run": writer.run_id, "from step": 4, "key": "pruner", "before": '"fastrl"', "after": '"none"'},

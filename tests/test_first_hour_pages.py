@@ -43,10 +43,12 @@ def test_kept_is_one_share_of_the_nominal_rollouts_on_every_page(monkeypatch, tm
     kept, nominal, sampled = (int(steps[c].sum()) for c in ("rollouts_kept", "rollouts_nominal", "rollouts_sampled"))
     share = kept / nominal
     assert f"{share:.0%}" != f"{kept / sampled:.0%}"  # the two definitions tell apart on this store
-    runs = open_page(monkeypatch, tmp_path, None)
-    assert frame(runs, "runs_table").set_index("run").loc[run_ids["fastrl"], "kept"] == pytest.approx(share)
-    assert frame(runs, "methods_table").set_index("method").loc["fastrl", "kept"] == f"{share:.0%} (n=1)"
-    assert frame(runs, "compare_table").set_index("run").loc[run_ids["fastrl"], "kept"] == f"{100 * share:.0f}%"
+    runs = {view: open_page(monkeypatch, tmp_path, None, view=view) for view in ("All runs", "Compare runs")}
+    assert frame(runs["All runs"], "runs_table").set_index("run").loc[run_ids["fastrl"], "kept"] == pytest.approx(share)
+    methods = open_page(monkeypatch, tmp_path, None)  # the first tab
+    assert frame(methods, "methods_table").set_index("method").loc["fastrl", "kept"] == f"{share:.0%} (n=1)"
+    compared = frame(runs["Compare runs"], "compare_table").set_index("run")
+    assert compared.loc[run_ids["fastrl"], "kept"] == f"{100 * share:.0f}%"
     sentence = f"{kept:,} ({share:.0%}) kept for the passes"
     assert sentence in texts(open_page(monkeypatch, tmp_path, "budget", run=run_ids["fastrl"]))
     assert sentence in texts(open_page(monkeypatch, tmp_path, "demo", run=run_ids["fastrl"]))
@@ -61,13 +63,14 @@ def test_the_runs_page_shows_each_table_and_the_phase_chart_once(monkeypatch, tm
     from test_app_pages import open_page
 
     _bench_store(tmp_path, {"fastrl": [0, 2], "grpo": [0, 2]})
-    at = open_page(monkeypatch, tmp_path, None)
-    tables = [sorted(d.value.columns) for d in at.dataframe]
+    tabs = ["Methods across seeds", "All runs", "Where rollouts went", "Compare runs"]  # app/views/runs.py's TABS
+    pages = {view: open_page(monkeypatch, tmp_path, None, view=view) for view in tabs}
+    tables = [sorted(d.value.columns) for at in pages.values() for d in at.dataframe]
     assert len(tables) == len({tuple(t) for t in tables}) == 3  # runs, methods, each run against its GRPO run
-    phase_charts = [s for s in (json.loads(e.proto.spec) for e in at.get("plotly_chart"))
+    phase_charts = [s for at in pages.values() for s in (json.loads(e.proto.spec) for e in at.get("plotly_chart"))
                     if s["layout"].get("xaxis", {}).get("title", {}).get("text") == "seconds per step"]
     assert len(phase_charts) == 1
-    columns = json.loads(next(d for d in at.dataframe if "status" in d.value.columns).proto.columns)
+    columns = json.loads(next(d for d in pages["All runs"].dataframe if "status" in d.value.columns).proto.columns)
     assert "width" not in columns.get("run", {})  # sized to the ids: not cut off before their timestamp
 
 

@@ -1,5 +1,6 @@
-"""Runs: every run in the store, the methods compared across seeds (mean curve with its band, mean ± interval per
-method, from `fastrl_app.metrics` like `fastrl bench`), and chosen runs side by side."""
+"""Runs: one tab each (only the open one is built and drawn): the methods compared across seeds (mean curve with its
+band, mean ± interval per method, from `fastrl_app.metrics` like `fastrl bench`), every run in the store, where each
+run's rollouts went, and chosen runs side by side."""
 
 import math
 
@@ -10,6 +11,10 @@ from fastrl_app import analysis, cached, charts, palette, report, widgets
 from fastrl_app import metrics, savings
 from fastrl_core.store.schema import PHASES
 
+TABS = ["Methods across seeds", "All runs", "Where rollouts went", "Compare runs"]  # `?view=`: only the open one runs
+X_AXES = {"training seconds": ("wall_time", "training seconds"), "CPU seconds": ("cpu_time", "CPU seconds"),
+          "rollouts sampled": ("rollouts", "rollouts sampled"), "step": ("step", "step")}
+
 st.title("Runs")
 runs = widgets.runs_or_wait(totals=True)
 live = any(widgets.is_live(r) for _, r in runs.iterrows())
@@ -17,6 +22,7 @@ widgets.redraw_on_change("runs", None, widgets.LIVE_EVERY if live else None)
 
 st.caption(f"Store `{cached.store_dir()}` · {len(runs)} runs. Times are the trainer's own clock (seconds of "
            "training, evaluation excluded).")
+labels = metrics.run_labels(runs.sort_values("started", kind="stable"))
 
 
 def split_totals(run_ids) -> dict[str, dict]:
@@ -26,38 +32,34 @@ def split_totals(run_ids) -> dict[str, dict]:
             if savings.has_split(run_steps := cached.steps([run_id]))}
 
 
-splits = split_totals(runs["run_id"])
-table = pd.DataFrame({
-    "status": [widgets.status(r) for _, r in runs.iterrows()],
-    "run": runs["run_id"], "objective": runs["objective"], "pruner": runs["pruner"], "budget": runs["budget"],
-    "steps": runs["steps"].fillna(0).astype(int), "train time (s)": analysis.text_column(runs["wall_time"], ".0f"),
-    "kept": [analysis.kept_share(splits.get(run_id)) for run_id in runs["run_id"]],
-    "train accuracy": analysis.text_column(runs["train_accuracy"], ".3f"),
-    "best eval accuracy": analysis.text_column(runs["best_accuracy"], ".3f"),
-    "last eval accuracy": analysis.text_column(runs["last_accuracy"], ".3f"),
-    "started": runs["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M"),
-})
-st.dataframe(table, hide_index=True, width="stretch", column_config={  # the run column sized to its ids, in full
-    "kept": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, help=analysis.KEPT_HELP),
-    "train accuracy": st.column_config.TextColumn(help="Rollout accuracy in the last step"),
-    "best eval accuracy": st.column_config.TextColumn(help="Greedy accuracy on the eval split (— : no evaluation)"),
-}, key="runs_table")
-st.caption("— : not recorded yet (no evaluation, or no step; kept: blank for a store written before the split). "
-           "The table scrolls sideways when the window is narrow.")
-changes = analysis.config_changes(runs)
-if len(changes):
-    st.subheader("Config changes on resume")
-    st.dataframe(changes, hide_index=True, width="stretch", key="config_changes")
-    st.caption("Keys a resume was explicitly allowed to change (`fastrl train --resume RUN --allow-change KEY`), "
-               "each from the step it applies to: the run's steps before it ran with the value before.")
-labels = metrics.run_labels(runs.sort_values("started", kind="stable"))
-X_AXES = {"training seconds": ("wall_time", "training seconds"), "CPU seconds": ("cpu_time", "CPU seconds"),
-          "rollouts sampled": ("rollouts", "rollouts sampled"), "step": ("step", "step")}
-
-st.header("Methods across seeds")
-methods = labels["method"].unique().tolist()
-chosen_methods = st.multiselect("Methods", methods, default=methods[:8], key="methods")
-x_name = st.radio("x-axis", list(X_AXES), horizontal=True, key="methods_x")
+def all_runs() -> None:
+    splits = split_totals(runs["run_id"])
+    table = pd.DataFrame({
+        "status": [widgets.status(r) for _, r in runs.iterrows()],
+        "run": runs["run_id"], "objective": runs["objective"], "pruner": runs["pruner"], "budget": runs["budget"],
+        "steps": runs["steps"].fillna(0).astype(int),
+        "train time (s)": analysis.text_column(runs["wall_time"], ".0f"),
+        "kept": [analysis.kept_share(splits.get(run_id)) for run_id in runs["run_id"]],
+        "train accuracy": analysis.text_column(runs["train_accuracy"], ".3f"),
+        "best eval accuracy": analysis.text_column(runs["best_accuracy"], ".3f"),
+        "last eval accuracy": analysis.text_column(runs["last_accuracy"], ".3f"),
+        "started": runs["started"].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M"),
+    })
+    st.dataframe(table, hide_index=True, width="stretch", column_config={  # the run column sized to its ids, in full
+        "kept": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0,
+                                                help=analysis.KEPT_HELP),
+        "train accuracy": st.column_config.TextColumn(help="Rollout accuracy in the last step"),
+        "best eval accuracy": st.column_config.TextColumn(
+            help="Greedy accuracy on the eval split (— : no evaluation)"),
+    }, key="runs_table")
+    st.caption("— : not recorded yet (no evaluation, or no step; kept: blank for a store written before the "
+               "split). The table scrolls sideways when the window is narrow.")
+    changes = analysis.config_changes(runs)
+    if len(changes):
+        st.subheader("Config changes on resume")
+        st.dataframe(changes, hide_index=True, width="stretch", key="config_changes")
+        st.caption("Keys a resume was explicitly allowed to change (`fastrl train --resume RUN --allow-change "
+                   "KEY`), each from the step it applies to: the run's steps before it ran with the value before.")
 
 
 def summary_table(summary: pd.DataFrame, per_run: pd.DataFrame) -> pd.DataFrame:
@@ -87,7 +89,10 @@ def summary_table(summary: pd.DataFrame, per_run: pd.DataFrame) -> pd.DataFrame:
     } for _, row in summary.iterrows()])
 
 
-def methods_section() -> None:
+def methods_across_seeds() -> None:
+    methods = labels["method"].unique().tolist()
+    chosen_methods = st.multiselect("Methods", methods, default=methods[:8], key="methods")
+    x_name = st.radio("x-axis", list(X_AXES), horizontal=True, key="methods_x")
     ids = labels.loc[labels["method"].isin(chosen_methods), "run_id"].tolist()
     if not ids:
         st.info("Pick one or more methods.")
@@ -128,33 +133,31 @@ def methods_section() -> None:
                    "update.")
 
 
-st.fragment(methods_section)()  # a widget inside redraws only this part
-
-st.header("Where each run's rollouts went")
-split_rows = [{"run": f"{method} · {run_id}", **splits[run_id]}
-              for run_id, method in zip(labels["run_id"], labels["method"]) if run_id in splits]
-if split_rows:
-    totals = pd.DataFrame(split_rows)
-    st.plotly_chart(charts.split_bars(totals, revision="runs/split"), key="runs_split")
+def rollouts_split() -> None:
+    st.subheader("Where each run's rollouts went")
+    splits = split_totals(labels["run_id"])
+    split_rows = [{"run": f"{method} · {run_id}", **splits[run_id]}
+                  for run_id, method in zip(labels["run_id"], labels["method"]) if run_id in splits]
+    if not split_rows:
+        st.info("No run in this store records the split of its rollouts yet (stores written before it was added).")
+        return
+    st.plotly_chart(charts.split_bars(pd.DataFrame(split_rows), revision="runs/split"), key="runs_split")
     st.caption("Each run's nominal rollouts (steps × prompts × n: what plain GRPO samples) split into skipped by "
                "the budget, merged as duplicates (every method merges them), pruned by the method's own rule, and "
                "kept. Only the budget and the rule are a method's own saving.")
-else:
-    st.info("No run in this store records the split of its rollouts yet (stores written before it was added).")
-
-st.header("Compare runs")
-ids = runs["run_id"].tolist()
-chosen = st.multiselect("Runs to compare", ids, default=ids[: min(len(ids), 4)], key="compare_runs")
-if not chosen:
-    st.info("Pick one or more runs to compare.")
-    widgets.stop()
-left, right = st.columns(2)
-x_axis = left.radio("x-axis", ["wall-clock seconds", "step"], horizontal=True, key="compare_x")
-accuracy_source = right.radio("accuracy", ["eval (greedy, held-out)", "train rollouts (5-step mean)"],
-                              horizontal=True, key="compare_accuracy")
 
 
-def compare() -> None:
+def compare_runs() -> None:
+    st.subheader("Compare runs")
+    ids = runs["run_id"].tolist()
+    chosen = st.multiselect("Runs to compare", ids, default=ids[: min(len(ids), 4)], key="compare_runs")
+    if not chosen:
+        st.info("Pick one or more runs to compare.")
+        return
+    left, right = st.columns(2)
+    x_axis = left.radio("x-axis", ["wall-clock seconds", "step"], horizontal=True, key="compare_x")
+    accuracy_source = right.radio("accuracy", ["eval (greedy, held-out)", "train rollouts (5-step mean)"],
+                                  horizontal=True, key="compare_accuracy")
     steps = cached.steps(chosen)
     if steps.empty:
         st.info("No steps written yet for these runs.")
@@ -199,4 +202,12 @@ def compare() -> None:
                "none, budget fixed, same objective) with this seed among the chosen runs.")
 
 
-st.fragment(compare)()
+def page() -> None:
+    for tab, draw in zip(st.tabs(TABS, key="view", bind="query-params"),
+                         (methods_across_seeds, all_runs, rollouts_split, compare_runs)):
+        if tab.open:  # lazy: only the open tab's tables and charts are built and sent
+            with tab:
+                draw()
+
+
+st.fragment(page)()  # a widget inside redraws only this part

@@ -310,6 +310,7 @@ def test_the_runs_store_opens_in_the_dashboard(launched, monkeypatch):
     monkeypatch.setenv("FASTRL_STORE", str(store_dir))
     main = str(Path(fastrl_app.__file__).parent / "main.py")
     runs_page = AppTest.from_file(main, default_timeout=60)
+    runs_page.query_params["view"] = "All runs"  # the Runs page's tab of every run
     runs_page.run()
     assert not runs_page.exception, [e.message for e in runs_page.exception]
     listed = runs_page.dataframe[0].value.set_index("run")

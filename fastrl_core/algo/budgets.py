@@ -51,8 +51,8 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
     """Parameters (see `adaptive_allocate` for the rule):
     n                   rollouts for a prompt never seen before, and the most any prompt gets
     n_min               rollouts of a probe of a decided prompt, and with informative_target the fewest a mixed
-                        prompt gets (n_min = n probes in full: what kept GRPO's accuracy in paper-wide, where
-                        "decided" is often a prompt at p ~ 0.9; docs/results.md, `fastrl_probe_full`)
+                        prompt gets (n_min = n probes in full: worth it where many prompts get decided, as in
+                        paper-wide; a cost with no gain where few do, as in paper: docs/results.md, "Full probes")
     informative_target  None (default): a mixed prompt keeps n rollouts; a number in (0, 1): it gets the fewest
                         rollouts whose chance of unequal rewards reaches it (rule 3 of `adaptive_allocate`)
     probe_decay         a decided prompt with streak z is probed with probability max(decay^(z−1), probe_floor)

@@ -1,11 +1,12 @@
 """Cached readers for the pages: thin wrappers around the store's `read_*` functions (the app never writes).
 
-Where the store lives: `--store DIR` after streamlit's `--` (`streamlit run app/main.py -- --store runs`), else
-the FASTRL_STORE environment variable, else `./runs`. Cache keys include the run's version (`store.run_version`:
-its steps folder changed), so a live run's new step is read once, a step moved to quarantine disappears from a
-page already open, and a finished run's data is read once per process (docs/notes.md §3: the store's per-step Parquet
-files are read without taking any lock, so the trainer is never blocked). Reads of a whole run are incremental in
-the store (`read_steps`, `read_groups`, `read_reason_counts` read a new step's file only).
+Where the store lives: `--store DIR` after streamlit's `--` (`streamlit run app/main.py -- --store runs`), else the
+FASTRL_STORE environment variable, else `./runs`. Cache keys include the run's version (`store.run_version`: its
+steps folder changed; the run list and evaluations: `run_mark`, a few stats), never a clock, so a live run's new
+step or evaluation is read once, a step moved to quarantine disappears from a page already open, and a finished
+run's data is read once per process (docs/notes.md §3: the store's per-step Parquet files are read without taking
+any lock, so the trainer is never blocked). Reads of a whole run are incremental in the store (`read_steps`,
+`read_groups`, `read_reason_counts` read a new step's file only).
 """
 
 from __future__ import annotations
@@ -38,15 +39,41 @@ def _key() -> str:
     return str(store_dir().resolve())
 
 
-@st.cache_data(ttl=2.0, show_spinner=False)
-def _runs(store_key: str, totals: bool) -> pd.DataFrame:
+def _stat(path: Path) -> tuple[int, int]:
+    """(mtime in ns, size) of a file; (0, 0) when it does not exist."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return 0, 0
+    return found.st_mtime_ns, found.st_size
+
+
+def run_mark(run_id: str) -> tuple:
+    """What the store holds of a run changes only when this does: its run.json and heartbeat (status, config, sign
+    of life), its steps folder (`version`) and its evaluations folder (a new file is renamed into it). Four stats
+    and a listing, no read: a cache key that lets a finished run's tables be read once per process and a live run's
+    at each change."""
+    run = store.layout.run_dir(_key(), run_id)
+    return (_stat(run / "run.json"), _stat(store.layout.heartbeat_file(_key(), run_id)), version(run_id),
+            _stat(run / "evals"))
+
+
+def _store_mark() -> tuple:
+    """`run_mark` of every run in the store."""
+    return tuple((run_id, run_mark(run_id)) for run_id in store.layout.list_runs(_key()))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _runs(store_key: str, totals: bool, mark: tuple) -> pd.DataFrame:
     return store.read_runs(store_key, totals=totals)
 
 
 def runs(totals: bool = False) -> pd.DataFrame:
-    """One row per run with its status (read_runs), newest first, cached for 2 s; with `totals` its headline
-    metrics too (every run's steps rows: the Runs page), else only its step count (a page about one run)."""
-    frame = _runs(_key(), totals)
+    """One row per run with its status (read_runs), newest first, re-read when a run changes (`run_mark`); with
+    `totals` its headline metrics too (every run's steps rows: the Runs page), else only its step count (a page about
+    one run). Its "state" column is as of that read: pages judge a run's heartbeat against the clock themselves
+    (`widgets.status`)."""
+    frame = _runs(_key(), totals, _store_mark())
     return frame.sort_values("started", ascending=False, kind="stable").reset_index(drop=True)
 
 
@@ -82,14 +109,20 @@ def steps(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
     return _steps(_key(), run_ids, _versions(run_ids))
 
 
-@st.cache_data(ttl=3.0, max_entries=64, show_spinner=False)
-def _evals(store_key: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
+@st.cache_data(max_entries=64, show_spinner=False)
+def _evals(store_key: str, run_ids: tuple[str, ...], marks: tuple) -> pd.DataFrame:
     return store.read_evals(store_key, list(run_ids))
 
 
 def evals(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
-    """Evaluation rows of these runs (read_evals); cached for 3 s (an eval may land between steps)."""
-    return _evals(_key(), tuple(run_ids))
+    """Evaluation rows of these runs (read_evals), re-read when one of them changes (`run_mark`: an evaluation may
+    land between steps)."""
+    run_ids = tuple(run_ids)
+    return _evals(_key(), run_ids, _marks(run_ids))
+
+
+def _marks(run_ids: tuple[str, ...]) -> tuple:
+    return tuple(run_mark(run_id) for run_id in run_ids)
 
 
 class Comparison(NamedTuple):
@@ -99,8 +132,8 @@ class Comparison(NamedTuple):
     left_out: pd.DataFrame  # run_labels rows of runs left out as a seed's older run, with `counted`
 
 
-@st.cache_data(ttl=3.0, max_entries=32, show_spinner=False)
-def _comparison(store_key: str, run_ids: tuple[str, ...], versions: tuple, sampled: bool, one_per_seed: bool
+@st.cache_data(max_entries=32, show_spinner=False)
+def _comparison(store_key: str, run_ids: tuple[str, ...], marks: tuple, sampled: bool, one_per_seed: bool
                 ) -> Comparison:
     runs = store.read_runs(store_key)
     runs = runs[runs["run_id"].isin(run_ids)]
@@ -128,10 +161,11 @@ def comparison(run_ids: list[str] | tuple[str, ...], *, sampled: bool = False, o
                ) -> Comparison:
     """(per-run figures, per-method summary with intervals, evaluation curves with run_id and method, runs left
     out) of these runs, from `fastrl_app.metrics` (the bench's definitions), one run per method and seed (the
-    newest: `metrics.one_run_per_seed`; every run with `one_per_seed=False`, to set chosen runs side by side), on each run's greedy eval split or, with `sampled`, its mean@k split
-    ("<split>-sampled", runs with eval_samples); re-read when a run has a new step, else every 3 s."""
+    newest: `metrics.one_run_per_seed`; every run with `one_per_seed=False`, to set chosen runs side by side), on
+    each run's greedy eval split or, with `sampled`, its mean@k split
+    ("<split>-sampled", runs with eval_samples); re-read when one of the runs changes (`run_mark`)."""
     run_ids = tuple(run_ids)
-    return _comparison(_key(), run_ids, _versions(run_ids), sampled, one_per_seed)
+    return _comparison(_key(), run_ids, _marks(run_ids), sampled, one_per_seed)
 
 
 def has_sampled(run_ids: list[str] | tuple[str, ...]) -> bool:

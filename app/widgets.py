@@ -49,8 +49,8 @@ def wait_for_runs() -> None:
 
 def store_mark(run_ids: list[str] | None) -> tuple:
     """What a page about `run_ids` (None: every run in the store) shows changes only when this does: each run's
-    state, its steps folder (`cached.version`: one stat) and its evaluation files. A few stats and a 2 s-cached
-    listing of the runs, never a table read."""
+    state, its steps folder (`cached.version`: one stat) and its evaluation files. A few stats a run and the run
+    list (`cached.runs`, re-read only when a run's files change), never a table read."""
     runs = cached.runs()
     if run_ids is not None:
         runs = runs[runs["run_id"].isin(run_ids)]

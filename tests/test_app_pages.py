@@ -889,3 +889,36 @@ def test_a_config_changed_on_resume_shows_on_the_runs_page_and_the_map_uses_the_
     at.select_slider(key="map_steps").set_value((4, 7)).run()  # the steps after the change have no sketches
     (info,) = [i.value for i in at.info]
     assert "(pruner `none`)" in info and "fastrl" not in info  # the pruner in force there, not the first one
+
+
+def test_a_finished_runs_tables_are_read_once_and_a_new_evaluation_is_read_at_once(tmp_path, monkeypatch):
+    """The pages' run list and evaluations are keyed on the store's state (`cached.run_mark`), not on a clock: a
+    finished run is not re-read when a page comes back to it after seconds, and a new evaluation shows at the next
+    rerun (with a 2-3 s time-to-live they were re-read on every visit, and a new one waited up to 3 s)."""
+    from fastrl_app import cached
+
+    writer = write_run(tmp_path, "grpo", finish=False)
+    monkeypatch.setenv("FASTRL_STORE", str(tmp_path))
+    reads = {"read_runs": 0, "read_evals": 0}
+
+    def counted(name):
+        read = getattr(store, name)
+
+        def reader(*args, **kwargs):
+            reads[name] += 1
+            return read(*args, **kwargs)
+        return reader
+
+    for name in reads:
+        monkeypatch.setattr(store, name, counted(name))
+    cached.st.cache_data.clear()
+    run_id = writer.run_id
+    assert cached.evals([run_id]).empty and len(cached.runs(totals=True)) == 1
+    writer.write_eval(3, "test", 0.5, 256, wall_time=1.0)
+    assert cached.evals([run_id])["accuracy"].tolist() == [0.5]  # at once, not after a time-to-live
+    writer.finish()
+    assert cached.runs(totals=True)["status"].tolist() == ["finished"] and len(cached.evals([run_id])) == 1
+    before = dict(reads)
+    time.sleep(3.5)  # past the time-to-live the caches had
+    assert cached.evals([run_id])["accuracy"].tolist() == [0.5] and len(cached.runs(totals=True)) == 1
+    assert reads == before

@@ -53,14 +53,19 @@ def run_mark(run_id: str) -> tuple:
     of life), its steps folder (`version`) and its evaluations folder (a new file is renamed into it). Four stats
     and a listing, no read: a cache key that lets a finished run's tables be read once per process and a live run's
     at each change."""
-    run = store.layout.run_dir(_key(), run_id)
-    return (_stat(run / "run.json"), _stat(store.layout.heartbeat_file(_key(), run_id)), version(run_id),
-            _stat(run / "evals"))
+    return _run_mark(_key(), run_id)
+
+
+def _run_mark(store_key: str, run_id: str) -> tuple:
+    run = store.layout.run_dir(store_key, run_id)
+    return (_stat(run / "run.json"), _stat(store.layout.heartbeat_file(store_key, run_id)),
+            store.run_version(store_key, run_id), _stat(run / "evals"))
 
 
 def _store_mark() -> tuple:
-    """`run_mark` of every run in the store."""
-    return tuple((run_id, run_mark(run_id)) for run_id in store.layout.list_runs(_key()))
+    """`run_mark` of every run in the store (the store's path resolved once, not once a run)."""
+    store_key = _key()
+    return tuple((run_id, _run_mark(store_key, run_id)) for run_id in store.layout.list_runs(store_key))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -122,7 +127,8 @@ def evals(run_ids: list[str] | tuple[str, ...]) -> pd.DataFrame:
 
 
 def _marks(run_ids: tuple[str, ...]) -> tuple:
-    return tuple(run_mark(run_id) for run_id in run_ids)
+    store_key = _key()
+    return tuple(_run_mark(store_key, run_id) for run_id in run_ids)
 
 
 class Comparison(NamedTuple):

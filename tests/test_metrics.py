@@ -101,14 +101,15 @@ def designed() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
 def test_compare_runs_by_hand():
     table = metrics.compare_runs(*designed()).set_index("run_id")
-    # GRPO finals 0.6 and 0.5 -> mean 0.55; acc0 0.3; target 0.3 + 0.9 * 0.25 = 0.525
-    assert table["target_accuracy"].tolist() == pytest.approx([0.525] * 4)
+    # per seed, acc0 0.3: GRPO finals 0.6 and 0.5 -> targets 0.3 + 0.9 * 0.3 = 0.57 and 0.3 + 0.9 * 0.2 = 0.48
+    # (from the mean gain, 0.525, grpo-1 would never reach its target)
+    assert table["target_accuracy"].tolist() == pytest.approx([0.57, 0.48, 0.57, 0.48])
     # trailing means of up to 3 evals after step 0: grpo-0 0.4, 0.45, 0.5, 0.6 -> step 4 = 4 s; grpo-1 0.5 ... ->
-    # never; fastrl-0 0.6 -> step 1 = 0.5 s; fastrl-1 0.6 -> 0.5 s
-    assert table.loc["grpo-0", "time_to_target"] == 4.0 and table.loc["grpo-1", "time_to_target"] is None
+    # step 1 = 1 s; fastrl-0 0.6 -> step 1 = 0.5 s; fastrl-1 0.6 -> 0.5 s
+    assert table.loc["grpo-0", "time_to_target"] == 4.0 and table.loc["grpo-1", "time_to_target"] == 1.0
     assert table.loc["fastrl-0", "time_to_target"] == 0.5 and table.loc["fastrl-1", "time_to_target"] == 0.5
     assert table.loc["fastrl-0", "target_speedup"] == pytest.approx(8.0)
-    assert table.loc["fastrl-1", "target_speedup"] is None  # its GRPO pair never reached the target
+    assert table.loc["fastrl-1", "target_speedup"] == pytest.approx(2.0)
     assert table.loc["fastrl-0", "step_speedup"] == pytest.approx(2.0)  # 4 s vs 2 s for the same 4 steps
     assert table.loc["fastrl-1", "cpu_step_speedup"] == pytest.approx(4.0)  # 3.2 vs 0.8 CPU s
     assert table.loc["grpo-1", "step_speedup"] == pytest.approx(1.0)
@@ -124,7 +125,7 @@ def test_compare_runs_by_hand():
     # 12, 16 rollouts; 0.6 each) against grpo-0 there (0.35, 0.375, 0.4)
     assert table.loc["grpo-0", "rollouts_to_target"] == 64 and table.loc["fastrl-0", "rollouts_to_target"] == 4
     assert table.loc["fastrl-0", "target_rollout_share"] == pytest.approx(4 / 64)
-    assert table.loc["fastrl-1", "target_rollout_share"] is None
+    assert table.loc["fastrl-1", "target_rollout_share"] == pytest.approx(4 / 16)
     assert table.loc["fastrl-0", "gain_at_equal_rollouts"] == pytest.approx(0.225)
     assert table.loc["fastrl-1", "gain_at_equal_rollouts"] == pytest.approx(0.25)  # 0.7 against 0.4, 0.45, 0.5
     # horizon: the shortest run, 2 s; grpo-0 over [0, 2]: (0.35 + 0.45) / 2; fastrl-0: (0.5 * 0.45 + 1.5 * 0.6) / 2
@@ -159,18 +160,21 @@ def test_difference_at_equal_reads_both_runs_where_the_shorter_one_ends():
 def test_summarise_gives_intervals_over_seeds():
     summary = metrics.summarise(metrics.compare_runs(*designed())).set_index("method")
     fastrl = summary.loc["fastrl"]
-    assert fastrl["seeds"] == [0, 1] and fastrl["target_reached"] == 2 and summary.loc["grpo", "target_reached"] == 1
+    assert fastrl["seeds"] == [0, 1] and fastrl["target_reached"] == 2 and summary.loc["grpo", "target_reached"] == 2
+    assert fastrl["target_accuracy"] == pytest.approx((0.57 + 0.48) / 2)
     final = metrics.interval(fastrl, "final_accuracy")  # 0.6, 0.7: half = t(0.975, 1) * 0.0707 / sqrt(2)
     assert final.mean == pytest.approx(0.65) and final.high - final.mean == pytest.approx(T_975_DF1 * 0.05)
     gain = metrics.interval(fastrl, "accuracy_gain")  # 0.0, 0.2: half = t(0.975, 1) * 0.1414 / sqrt(2)
     assert gain.mean == pytest.approx(0.1) and gain.high - gain.mean == pytest.approx(T_975_DF1 * 0.1)
     step = metrics.interval(fastrl, "step_speedup")
     assert (step.mean, step.low, step.high, step.n) == pytest.approx((2.0, 2.0, 2.0, 2))
-    target = metrics.interval(fastrl, "target_speedup")  # one pair: a value without an interval
-    assert target.mean == pytest.approx(8.0) and target.n == 1 and math.isnan(target.low)
-    assert target.text(".2f", "×") == "8.00× (n=1)"
+    target = metrics.interval(fastrl, "target_speedup")  # 8 and 2: geometric mean 4, interval on the logs
+    half = T_975_DF1 * math.log(4) / math.sqrt(2) / math.sqrt(2)  # sd of (log 8, log 2) = log 4 / sqrt 2
+    assert target.mean == pytest.approx(4.0) and target.n == 2 and target.high == pytest.approx(4 * math.exp(half))
+    one = metrics.ratio_ci([8.0, None])  # one pair: a value without an interval
+    assert one.n == 1 and math.isnan(one.low) and one.text(".2f", "×") == "8.00× (n=1)"
     share = metrics.interval(fastrl, "target_rollout_share")
-    assert share.mean == pytest.approx(1 / 16) and share.n == 1
+    assert share.mean == pytest.approx(1 / 8) and share.n == 2
     assert metrics.interval(fastrl, "gain_at_equal_rollouts").mean == pytest.approx((0.225 + 0.25) / 2)
 
 

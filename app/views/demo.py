@@ -129,7 +129,7 @@ def story() -> None:
                    help="GRPO's training seconds for the same number of steps / FastRL's (the paper's speed-up)")
     cols[1].metric("Speed-up to the target accuracy", metrics.interval(ours, "target_speedup").text(".2f", "×")
                    if reached else "not reached",
-                   help=f"GRPO's seconds to {metrics.TARGET_SHARE:.0%} of its mean gain over the warm start / "
+                   help=f"GRPO's seconds to {metrics.TARGET_SHARE:.0%} of its gain over the warm start / "
                         f"FastRL's, on seeds where both got there ({reached} of {seeds} FastRL seeds did)")
     cols[2].metric("Rollouts to the target (× GRPO's)",
                    metrics.interval(ours, "target_rollout_share").text(".2f", "×") if reached else "not reached",

@@ -111,7 +111,7 @@ def methods_across_seeds() -> None:
         st.plotly_chart(charts.band_lines(bands, x=x, x_title=x_title, y_title=y_title,
                                           revision="methods"), key="methods_chart")
     st.dataframe(summary_table(summary, per_run), hide_index=True, key="methods_table", width="stretch")
-    target = per_run["target_accuracy"].dropna()
+    target = pd.to_numeric(per_run["target_accuracy"]).dropna()
     averaged = analysis.averaged_evaluations(points.reindex(per_run["run_id"]).fillna(0).astype(int).tolist(),
                                              metrics.WINDOW)
     horizon = per_run["horizon"].min() if len(per_run) else math.nan
@@ -120,8 +120,8 @@ def methods_across_seeds() -> None:
         "ratio to the GRPO run of the same seed, interval on the log ratio ([low, high]); (n=1): one seed, no "
         f"interval. Final accuracy: {analysis.final_accuracy_words(averaged)} (the bench averages {metrics.WINDOW}). "
         "Step speed-up: GRPO's training seconds for the same steps / the method's. Time-to-target: to "
-        f"{metrics.TARGET_SHARE:.0%} of GRPO's mean gain over the warm start"
-        + (f" (accuracy {', '.join(f'{t:.3f}' for t in sorted(set(target.round(6))))})" if len(target) else "")
+        f"{metrics.TARGET_SHARE:.0%} of the same seed's GRPO gain over the warm start"
+        + (f" (accuracy {target.min():.3f}–{target.max():.3f})" if len(target) else "")
         + "; reached target counts the seeds that got there. AUC: mean accuracy over the training seconds of the "
         + (f"shortest run, the first {horizon:.1f} s." if horizon > 0 else "shortest run (none has trained yet).")
         + f" {analysis.KEPT_HELP}" + report.left_out_sentence(left_out))

@@ -229,6 +229,34 @@ def test_adaptive_probe_frequency_decays_to_the_floor():
         assert abs(counts.count(2) / len(ids) - expected) < 0.03, streak
 
 
+def test_adaptive_decided_after_two_samples_a_first_decided_visit_in_full_then_probes():
+    """decided_after=2: one all-correct group of 8 leaves the prompt sampled in full (8); the second in a row makes
+    it decided: probed with 2 (always, as streak 1 is with the default), then at 0.5, 0.25, ... as before. A visit
+    with variance resets the count. decided_after=1 is the default rule; 2 is the `fastrl_decided2` recipe."""
+    ids = [f"q{i}" for i in range(3000)]
+    state = budget_init("adaptive", n=8, decided_after=2)
+    state = budget_update("adaptive", state, outcome(["q"], [0], mean=[1.0], std=[0.0], accuracy=[1.0]))
+    assert state["prompts"]["q"]["streak"] == 1 and budget_allocate("adaptive", state, ["q"]) == [8]
+    state = budget_update("adaptive", state, outcome(["q"], [0], mean=[1.0], std=[0.0], accuracy=[1.0], step=1))
+    assert budget_allocate("adaptive", state, ["q"]) == [2]
+    state = budget_update("adaptive", state, outcome(["q"], [1], sampled=[2], mean=[0.5], std=[0.5],
+                                                     accuracy=[0.5], step=2))
+    assert budget_allocate("adaptive", state, ["q"]) == [8]
+    assert budget_allocate("adaptive", budget_update("adaptive", budget_init("adaptive", n=8), outcome(
+        ["q"], [0], mean=[1.0], std=[0.0], accuracy=[1.0])), ["q"]) == [2]
+    for streak, expected in ((2, 1.0), (3, 0.5), (4, 0.25)):
+        state = budget_init("adaptive", n=8, decided_after=2)
+        state["prompts"] = {q: {"sumsq": 0.0, "dof": 7.0, "streak": streak, "seen": streak, "kept": 0} for q in ids}
+        counts = budget_allocate("adaptive", state, ids)
+        assert set(counts) <= {0, 2} and abs(counts.count(2) / len(ids) - expected) < 0.03, streak
+    old = budget_init("adaptive", n=8)  # a state saved before the parameter existed reads as decided_after=1
+    del old["params"]["decided_after"]
+    old["prompts"] = {"q": {"sumsq": 0.0, "dof": 7.0, "streak": 1, "seen": 1, "kept": 0}}
+    assert budget_allocate("adaptive", old, ["q"]) == [2]
+    with pytest.raises(ValueError, match="decided_after"):
+        budget_init("adaptive", n=8, decided_after=0)
+
+
 @pytest.mark.parametrize("with_accuracy", [False, True])
 @pytest.mark.parametrize("target", [None, 0.9])
 def test_adaptive_cuts_generation_in_a_revisited_regime(with_accuracy, target):

@@ -20,6 +20,7 @@ live = widgets.is_live(run)
 config = widgets.run_config(run)
 n = int(config.get("rollouts_per_prompt", 8))
 n_min = int((config.get("budget_args") or {}).get("n_min", 2))
+decided_after = int((config.get("budget_args") or {}).get("decided_after", 1))
 
 
 def budget() -> None:
@@ -50,8 +51,9 @@ def budget() -> None:
     cols[3].metric("Full / probe / trimmed / skip", " / ".join(str(latest.get(d, 0)) for d in
                                                              ("full", "probe", "trimmed", "skip")),
                    help=f"The budget's decisions for the latest step's prompts. full: {n} rollouts as plain GRPO; "
-                        f"probe: {n_min} for a prompt decided on its last visit; trimmed: fewer for a mixed prompt; "
-                        "skip: none this step.")
+                        f"probe: {n_min} for a prompt decided (all rollouts equal) on its last "
+                        + ("visit" if decided_after == 1 else f"{decided_after} visits")
+                        + "; trimmed: fewer for a mixed prompt; skip: none this step.")
 
     split_tab, sizes_tab, prompt_tab, whole_tab = st.tabs(
         TABS, key="view", bind="query-params", default="One prompt" if "prompt" in st.query_params else None)

@@ -47,7 +47,8 @@ def _fixed_init(n: int = 8) -> dict:
 def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None = None,
                    probe_decay: float = 0.5, probe_floor: float = 0.1, memory: float = 0.5,
                    prior_strength: float = 2.0, reward_scale: float | None = None,
-                   decided_by_accuracy: bool = True, seed: int = 0, min_prompts: int = 1) -> dict:
+                   decided_by_accuracy: bool = True, seed: int = 0, min_prompts: int = 1,
+                   decided_after: int = 1) -> dict:
     """Parameters (see `adaptive_allocate` for the rule):
     n                   rollouts for a prompt never seen before, and the most any prompt gets
     n_min               rollouts of a probe of a decided prompt, and with informative_target the fewest a mixed
@@ -66,9 +67,13 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
                         format reward varied (`decided`); needs PromptOutcomes.accuracy_mean
     seed                of the probe draws (`uniform_draw`)
     min_prompts         a step samples at least this many prompts
+    decided_after       decided visits in a row before a prompt is probed or skipped (rule 2); until then it is
+                        sampled as a mixed prompt. 1: after one. 2: one decided group of 8 is weak evidence (a prompt
+                        at 90 % success gives one 43 % of the time, two in a row 18 %)
     """
     n, n_min, min_prompts = check_count("n", n), check_count("n_min", n_min), check_count("min_prompts",
                                                                                              min_prompts)
+    decided_after = check_count("decided_after", decided_after)
     if not n_min <= n:
         raise ValueError(f"budget parameters need n_min <= n, got {n_min}, {n}")
     checks = {"informative_target": (informative_target, informative_target is None
@@ -87,7 +92,8 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
               "probe_decay": float(probe_decay), "probe_floor": float(probe_floor), "memory": float(memory),
               "prior_strength": float(prior_strength),
               "reward_scale": None if reward_scale is None else float(reward_scale),
-              "decided_by_accuracy": decided_by_accuracy, "seed": seed, "min_prompts": min_prompts}
+              "decided_by_accuracy": decided_by_accuracy, "seed": seed, "min_prompts": min_prompts,
+              "decided_after": decided_after}
     return {"params": params, "next_step": 0, "max_std": 0.0, "min_mean": None, "max_mean": None, "prompts": {}}
 
 
@@ -146,10 +152,10 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     prompts become decided.
 
     1. Unseen prompts: n.
-    2. Decided prompts — the last z >= 1 visits were decided (`decided`): zero reward variance, no rollout
-       survived pruning, or (decided_by_accuracy, with accuracies) all correct / all wrong — are probed with
-       n_min rollouts with probability max(probe_decay^(z−1), probe_floor) and skipped (0) otherwise; z = 1 is
-       always probed. The probe is GRESO's skip (Zheng et al. 2025, arXiv 2506.02177: zero-variance prompts
+    2. Decided prompts — the last z >= d visits were decided (`decided`; d = decided_after, 1 by default): zero
+       reward variance, no rollout survived pruning, or (decided_by_accuracy, with accuracies) all correct / all
+       wrong — are probed with n_min rollouts with probability max(probe_decay^(z−d), probe_floor) and skipped
+       (0) otherwise; z = d is always probed; 0 < z < d is sampled as a mixed prompt (rule 3). The probe is GRESO's skip (Zheng et al. 2025, arXiv 2506.02177: zero-variance prompts
        tend to stay so, skip them with a probability growing with the streak, keep exploring) made cheap: n_min
        rollouts instead of n, so a probe costs little and a prompt that has become uncertain again shows mixed
        outcomes and returns to rule 3.
@@ -203,8 +209,9 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
         if history is None:
             counts.append(n)
             skip.append(0.0)
-        elif history["streak"] > 0:
-            probe = max(params["probe_decay"] ** (history["streak"] - 1), params["probe_floor"])
+        elif history["streak"] >= params.get("decided_after", 1):  # .get: states saved before the parameter
+            visits = history["streak"] - params.get("decided_after", 1)  # decided visits past the first that counts
+            probe = max(params["probe_decay"] ** visits, params["probe_floor"])
             skip.append(1.0 - probe)
             counts.append(0 if draws[-1] < 1.0 - probe else n_min)
         else:

@@ -68,8 +68,9 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
     seed                of the probe draws (`uniform_draw`)
     min_prompts         a step samples at least this many prompts
     decided_after       decided visits in a row before a prompt is probed or skipped (rule 2); until then it is
-                        sampled as a mixed prompt. 1: after one. 2: one decided group of 8 is weak evidence (a prompt
-                        at 90 % success gives one 43 % of the time, two in a row 18 %)
+                        sampled as a mixed prompt. 1 (default): after one. 2 confirms first (one all-correct group
+                        of 8 comes 43 % of the time at 90 % success, two 18 %): in paper-wide it sampled like full
+                        probes and gained none of their points (docs/results.md, "Confirming a decided prompt")
     """
     n, n_min, min_prompts = check_count("n", n), check_count("n_min", n_min), check_count("min_prompts",
                                                                                              min_prompts)

@@ -397,7 +397,9 @@ def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
     shown = metrics(at)
     assert shown["Latest step"] == str(REAL_STEPS - 1)
     assert shown["Kept this step"] == f"{last['rollouts_kept'] / last['rollouts_nominal']:.0%}"  # of nominal, as Runs
-    split = next(s for s in plotly_specs(at) if s["layout"].get("barmode") == "stack")
+    split = next(s for s in plotly_specs(at) if s["data"][0].get("stackgroup") == "split")
+    # stacked areas, one path per part: a bar per step and part was 3,200 SVG shapes on an 800-step run
+    assert [(t["type"], t["stackgroup"]) for t in split["data"]] == [("scatter", "split")] * 4
     by_name = {t["name"]: _values(t["y"]) for t in split["data"]}
     assert by_name["kept (enter the passes)"] == steps["rollouts_kept"].tolist()
     assert by_name["skipped by the budget"] == steps["rollouts_skipped"].tolist()
@@ -418,7 +420,7 @@ def test_budget_page_draws_the_store_numbers(monkeypatch, trained):
     at = open_page(monkeypatch, store_dir, "budget", run=run_ids["fastrl"], view="Group sizes")
     rollouts = store.read_rollouts(store_dir, run_ids["fastrl"])
     pruned = {analysis.reason_label(r) for r in rollouts.loc[~rollouts["kept"], "reason"]}
-    reasons = next(s for s in plotly_specs(at) if s["layout"].get("barmode") == "relative")
+    reasons = next(s for s in plotly_specs(at) if s["data"] and s["data"][0].get("stackgroup") == "reasons")
     assert {t["name"] for t in reasons["data"]} == pruned
 
 

@@ -8,9 +8,9 @@ Each results.json keeps every run's evaluation curve (training seconds, rollouts
 all this needs: the store that wrote it may be gone. Per baseline it prints one Markdown table: each seed's target
 (`metrics.seed_targets`: acc0 + TARGET_SHARE × the baseline's gain over the warm start on that seed, acc0 its mean
 step-0 accuracy over the pooled seeds), each method's time to it (training seconds until the trailing mean of
-WINDOW evaluations reaches it) and how many of its seeds paired with the baseline got there, the paired speed-up to it
-over seeds where both runs got there, the step speed-up (the baseline's training seconds over the
-method's, same steps), the final accuracy and its paired difference, each with its 95 % interval. Refuses files of
+WINDOW evaluations reaches it) and how many of its seeds paired with the baseline got there, the paired speed-up
+to it over seeds where both runs got there, the step speed-up (the baseline's training seconds over the method's,
+same steps), the final accuracy and its paired difference, each with its 95 % interval. Refuses files of
 different configs or overrides, a seed that appears twice, and names any seed whose runs start from different
 accuracies (`metrics.start_disagreements`: then that seed's comparison is void).
 """
@@ -84,10 +84,10 @@ def compare(table: pd.DataFrame, curves: dict[str, pd.DataFrame], baseline: str)
 
 
 def markdown(target: float, rows: pd.DataFrame, baseline: str) -> str:
-    lines = [f"Against `{baseline}`: each seed's target is {metrics.TARGET_SHARE:.0%} of that seed's gain over the warm "
-             f"start (mean {target:.3f}).", "",
-             "| method | seeds | reached the target (of the paired seeds) | seconds to it | speed-up to it | step speed-up | final accuracy "
-             "| accuracy difference (pts) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"Against `{baseline}`: each seed's target is {metrics.TARGET_SHARE:.0%} of that seed's gain over the "
+             f"warm start (mean {target:.3f}).", "",
+             "| method | seeds | reached the target (of the paired seeds) | seconds to it | speed-up to it "
+             "| step speed-up | final accuracy | accuracy difference (pts) |", "|---|---|---|---|---|---|---|---|"]
     for row in rows.itertuples():
         lines.append(f"| {row.method} | {row.seeds} | {row.reached}/{row.paired} | {row.time_to_target.text('.0f')} | "
                      f"{row.target_speedup.text('.2f', '×')} | {row.step_speedup.text('.2f', '×')} | "

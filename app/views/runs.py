@@ -111,7 +111,7 @@ def methods_across_seeds() -> None:
         st.plotly_chart(charts.band_lines(bands, x=x, x_title=x_title, y_title=y_title,
                                           revision="methods"), key="methods_chart")
     st.dataframe(summary_table(summary, per_run), hide_index=True, key="methods_table", width="stretch")
-    target = pd.to_numeric(per_run["target_accuracy"]).dropna()
+    target = per_run["target_accuracy"].dropna().astype(float)
     averaged = analysis.averaged_evaluations(points.reindex(per_run["run_id"]).fillna(0).astype(int).tolist(),
                                              metrics.WINDOW)
     horizon = per_run["horizon"].min() if len(per_run) else math.nan

@@ -156,10 +156,10 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     2. Decided prompts — the last z >= d visits were decided (`decided`; d = decided_after, 1 by default): zero
        reward variance, no rollout survived pruning, or (decided_by_accuracy, with accuracies) all correct / all
        wrong — are probed with n_min rollouts with probability max(probe_decay^(z−d), probe_floor) and skipped
-       (0) otherwise; z = d is always probed; 0 < z < d is sampled as a mixed prompt (rule 3). The probe is GRESO's skip (Zheng et al. 2025, arXiv 2506.02177: zero-variance prompts
-       tend to stay so, skip them with a probability growing with the streak, keep exploring) made cheap: n_min
-       rollouts instead of n, so a probe costs little and a prompt that has become uncertain again shows mixed
-       outcomes and returns to rule 3.
+       (0) otherwise; z = d is always probed; 0 < z < d is sampled as a mixed prompt (rule 3). The probe is
+       GRESO's skip (Zheng et al. 2025, arXiv 2506.02177: zero-variance prompts tend to stay so, skip them with
+       a probability growing with the streak, keep exploring) made cheap: n_min rollouts instead of n, so a probe
+       costs little and a prompt that has become uncertain again shows mixed outcomes and returns to rule 3.
     3. Mixed prompts: n (default). With `informative_target` set, `informative_count` of their success rate p
        (`_prompt_success_rate`, pooled over visits): the fewest rollouts, within [n_min, n], that give unequal
        outcomes with probability >= informative_target. A prompt at p = 1/2 needs 5 of 8 for 0.9; a rare success
@@ -202,6 +202,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     """
     params = state["params"]
     n, n_min = params["n"], params["n_min"]
+    decided_after = params.get("decided_after", 1)  # .get: states saved before the parameter read as 1
     scale = _reward_scale(state)
     counts, draws, skip = [], [], []
     for prompt in prompt_ids:
@@ -210,9 +211,8 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
         if history is None:
             counts.append(n)
             skip.append(0.0)
-        elif history["streak"] >= params.get("decided_after", 1):  # .get: states saved before the parameter
-            visits = history["streak"] - params.get("decided_after", 1)  # decided visits past the first that counts
-            probe = max(params["probe_decay"] ** visits, params["probe_floor"])
+        elif history["streak"] >= decided_after:
+            probe = max(params["probe_decay"] ** (history["streak"] - decided_after), params["probe_floor"])
             skip.append(1.0 - probe)
             counts.append(0 if draws[-1] < 1.0 - probe else n_min)
         else:

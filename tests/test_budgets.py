@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from fastrl_core.algo.baseline_budgets import greso_skip_probability
 from fastrl_core.algo.budget_base import PromptOutcomes, uniform_draw
-from fastrl_core.algo.budgets import BUDGETS, budget_allocate, budget_init, budget_update, informative_count
+from fastrl_core.algo.budgets import (BUDGETS, budget_allocate, budget_init, budget_update, fitted_prior,
+                                      informative_count, mixed_chance)
 
 
 def outcome(prompts, kept, *, sampled=None, mean=None, std=None, step=0, total=10, epoch_end=False,
@@ -255,6 +256,54 @@ def test_adaptive_decided_after_two_samples_a_first_decided_visit_in_full_then_p
     assert budget_allocate("adaptive", old, ["q"]) == [2]
     with pytest.raises(ValueError, match="decided_after"):
         budget_init("adaptive", n=8, decided_after=0)
+
+
+def test_mixed_chance_and_fitted_prior_by_hand():
+    """Beta(1, 1): E p^k = 1/(k + 1), so P(mixed) = 1 − 2/(k + 1); Beta(2, 1), k = 2: 1 − 2·3/(3·4) − 1·2/(3·4) = 1/3.
+    The prior fitted to groups that are all correct or all wrong, half each (x̄ = 0 or 1, n = 8): m = 1/2,
+    Σ(x̄ − m)² = N/4, so ρ = (N/4 − N/32) / (N/4 − N/32) = 1, held at 0.99; to groups of exactly 4 of 8:
+    Σ(x̄ − m)² = 0, ρ < 0, held at 0.01 (a prior worth 99 groups); uniform before two groups."""
+    assert [round(mixed_chance(1, 1, k), 12) for k in (1, 2, 3, 7)] == [0, round(1 / 3, 12), 0.5, 0.75]
+    assert mixed_chance(2, 1, 2) == pytest.approx(1 / 3)
+    extreme = {"groups": 10.0, "sum": 5.0, "sumsq": 5.0, "inv_size": 10 / 8}
+    a, b = fitted_prior(extreme)
+    assert a == pytest.approx(0.5 / 99) and b == pytest.approx(0.5 / 99)
+    middle = {"groups": 10.0, "sum": 5.0, "sumsq": 2.5, "inv_size": 10 / 8}
+    assert fitted_prior(middle) == pytest.approx((49.5, 49.5))
+    assert fitted_prior({"groups": 1.0, "sum": 1.0, "sumsq": 1.0, "inv_size": 0.125}) == (1.0, 1.0)
+
+
+def test_adaptive_probe_target_probes_small_where_all_equal_groups_are_chance_and_in_full_where_not():
+    """probe_target=0.5 (the `fastrl_probe_fit` recipe): a prompt decided by one all-correct group of 8 is probed
+    with the fewest rollouts whose chance of a mixed group reaches 1/2 under the prior fitted to the run's groups.
+    Among groups of 3–5 correct of 8 (paper-like) the prior pulls 8/8 back toward 1/2: 3 rollouts (2 cannot reach
+    it: 2p(1 − p) <= 1/2). Among groups all correct or all wrong (paper-wide-like, late) it believes 8/8: P(mixed) stays under
+    1/2 for every k <= 8, so all 8. Without the parameter, or without accuracies, the probe is n_min, as before;
+    a state saved before the parameter (no "population") allocates as before."""
+    def decided_probe(population_means, probe_target=0.5, accuracy=True):
+        state = budget_init("adaptive", n=8, probe_target=probe_target)
+        others = [f"o{i}" for i in range(len(population_means))]
+        state = budget_update("adaptive", state, outcome(
+            others, [4] * len(others), mean=population_means, std=[0.4] * len(others),
+            accuracy=population_means if accuracy else None))
+        state = budget_update("adaptive", state, outcome(["q"], [0], mean=[1.0], std=[0.0], step=1,
+                                                         accuracy=[1.0] if accuracy else None))
+        return budget_allocate("adaptive", state, ["q"])[0], state
+
+    middle = [0.375, 0.5, 0.625] * 20
+    extreme = [0.0, 1.0] * 30
+    assert decided_probe(middle)[0] == 3
+    assert decided_probe(extreme)[0] == 8
+    assert decided_probe(extreme, probe_target=None)[0] == 2
+    assert decided_probe(extreme, accuracy=False)[0] == 2  # no accuracies: n_min
+    _, state = decided_probe(extreme)
+    assert state["population"]["groups"] == 61  # the 60 groups and q's
+    assert json.loads(json.dumps(state)) == state
+    old = copy.deepcopy(state)
+    del old["population"], old["params"]["probe_target"]
+    assert budget_allocate("adaptive", old, ["q"]) == [2]
+    with pytest.raises(ValueError, match="probe_target"):
+        budget_init("adaptive", n=8, probe_target=1.0)
 
 
 @pytest.mark.parametrize("with_accuracy", [False, True])

@@ -48,7 +48,7 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
                    probe_decay: float = 0.5, probe_floor: float = 0.1, memory: float = 0.5,
                    prior_strength: float = 2.0, reward_scale: float | None = None,
                    decided_by_accuracy: bool = True, seed: int = 0, min_prompts: int = 1,
-                   decided_after: int = 1) -> dict:
+                   decided_after: int = 1, probe_target: float | None = None) -> dict:
     """Parameters (see `adaptive_allocate` for the rule):
     n                   rollouts for a prompt never seen before, and the most any prompt gets
     n_min               rollouts of a probe of a decided prompt, and with informative_target the fewest a mixed
@@ -71,6 +71,9 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
                         sampled as a mixed prompt. 1 (default): after one. 2 confirms first (one all-correct group
                         of 8 comes 43 % of the time at 90 % success, two 18 %): in paper-wide it sampled like full
                         probes and gained none of their points (docs/results.md, "Confirming a decided prompt")
+    probe_target        None (default): a probe has n_min rollouts. A number in (0, 1): the fewest rollouts in
+                        [n_min, n] whose chance of a mixed group reaches it, at the prompt's success rate under a
+                        prior fitted to the run's own groups (`probe_count`; needs accuracies, else n_min)
     """
     n, n_min, min_prompts = check_count("n", n), check_count("n_min", n_min), check_count("min_prompts",
                                                                                              min_prompts)
@@ -83,6 +86,8 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
               "probe_decay": (probe_decay, 0 <= probe_decay <= 1), "probe_floor": (probe_floor, 0 <= probe_floor <= 1),
               "memory": (memory, 0 <= memory < 1), "prior_strength": (prior_strength, prior_strength > 0),
               "reward_scale": (reward_scale, reward_scale is None or reward_scale > 0),
+              "probe_target": (probe_target, probe_target is None or isinstance(probe_target, (int, float))
+                               and not isinstance(probe_target, bool) and 0 < probe_target < 1),
               "seed": (seed, isinstance(seed, int) and not isinstance(seed, bool)),
               "decided_by_accuracy": (decided_by_accuracy, isinstance(decided_by_accuracy, bool))}
     for key, (value, ok) in checks.items():
@@ -94,8 +99,60 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
               "prior_strength": float(prior_strength),
               "reward_scale": None if reward_scale is None else float(reward_scale),
               "decided_by_accuracy": decided_by_accuracy, "seed": seed, "min_prompts": min_prompts,
-              "decided_after": decided_after}
-    return {"params": params, "next_step": 0, "max_std": 0.0, "min_mean": None, "max_mean": None, "prompts": {}}
+              "decided_after": decided_after, "probe_target": None if probe_target is None else float(probe_target)}
+    return {"params": params, "next_step": 0, "max_std": 0.0, "min_mean": None, "max_mean": None, "prompts": {},
+            "population": dict(EMPTY_POPULATION)}
+
+
+# Moments of the run's groups' accuracies (every sampled group of >= 2 rollouts): count, sum and sum of squares of
+# the group means, and the sum of 1/group size. `fitted_prior` reads them.
+EMPTY_POPULATION = {"groups": 0.0, "sum": 0.0, "sumsq": 0.0, "inv_size": 0.0}
+RHO_RANGE = (0.01, 0.99)  # the fitted intra-prompt correlation is held inside this (a prior of 0.01 to 99 groups)
+
+
+def fitted_prior(population: dict) -> tuple[float, float]:
+    """Beta(a, b) prior of a prompt's success rate fitted to the run's groups by the method of moments of the
+    beta-binomial: for group means x̄_i of n_i rollouts around their mean m, E(x̄_i − m)² = m(1 − m)(ρ + (1 − ρ)/n_i)
+    with ρ = 1/(a + b + 1), so ρ = (Σ(x̄_i − m)² − m(1 − m)Σ1/n_i) / (m(1 − m)(N − Σ1/n_i)). Groups at 2–6 of 8
+    (paper: 77 % of GRPO's groups) give a small ρ, a wide-shouldered prior that pulls one all-correct group back
+    toward the middle; a run whose groups are mostly all correct or all wrong (paper-wide, late) gives a large ρ,
+    a U-shaped prior that believes it. Uniform (1, 1) before two groups are seen."""
+    groups = population["groups"]
+    if groups < 2 or groups <= population["inv_size"]:
+        return 1.0, 1.0
+    mean = min(max(population["sum"] / groups, 0.01), 0.99)
+    spread = population["sumsq"] - population["sum"] ** 2 / groups
+    rho = (spread - mean * (1 - mean) * population["inv_size"]) / (mean * (1 - mean) * (groups
+                                                                                         - population["inv_size"]))
+    rho = min(max(rho, RHO_RANGE[0]), RHO_RANGE[1])
+    strength = 1 / rho - 1
+    return mean * strength, (1 - mean) * strength
+
+
+def mixed_chance(a: float, b: float, k: int) -> float:
+    """P(k rollouts are not all equal) when the success rate is Beta(a, b): 1 − E p^k − E (1 − p)^k, with
+    E p^k = Π_{j<k} (a + j)/(a + b + j). Uniform prior (1, 1): 1 − 2/(k + 1)."""
+    all_right = all_wrong = 1.0
+    for j in range(k):
+        all_right *= (a + j) / (a + b + j)
+        all_wrong *= (b + j) / (a + b + j)
+    return 1 - all_right - all_wrong
+
+
+def probe_count(history: dict, state: dict) -> int:
+    """Rollouts of a probe of a decided prompt: n_min, or with probe_target the fewest in [n_min, n] whose chance of
+    a mixed group reaches it, at the prompt's success rate: its (discounted) correct and all rollouts on top of
+    the prior fitted to the run's groups (`fitted_prior`). Without accuracies: n_min."""
+    params = state["params"]
+    target = params.get("probe_target")  # .get: states saved before the parameter read as None
+    if target is None or history["trials"] <= 0:
+        return params["n_min"]
+    a, b = fitted_prior(state.get("population", EMPTY_POPULATION))
+    a, b = a + history["hits"], b + history["trials"] - history["hits"]
+    for k in range(params["n_min"], params["n"] + 1):
+        if mixed_chance(a, b, k) >= target:
+            return k
+    return params["n"]
 
 
 def _reward_scale(state: dict) -> float:
@@ -155,11 +212,13 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
     1. Unseen prompts: n.
     2. Decided prompts — the last z >= d visits were decided (`decided`; d = decided_after, 1 by default): zero
        reward variance, no rollout survived pruning, or (decided_by_accuracy, with accuracies) all correct / all
-       wrong — are probed with n_min rollouts with probability max(probe_decay^(z−d), probe_floor) and skipped
-       (0) otherwise; z = d is always probed; 0 < z < d is sampled as a mixed prompt (rule 3). The probe is
-       GRESO's skip (Zheng et al. 2025, arXiv 2506.02177: zero-variance prompts tend to stay so, skip them with
-       a probability growing with the streak, keep exploring) made cheap: n_min rollouts instead of n, so a probe
-       costs little and a prompt that has become uncertain again shows mixed outcomes and returns to rule 3.
+       wrong — are probed with n_min rollouts (with probe_target: `probe_count`) with probability
+       max(probe_decay^(z−d), probe_floor) and skipped (0) otherwise; z = d is always probed; 0 < z < d is sampled
+       as a mixed prompt (rule 3). The probe is GRESO's skip (Zheng et al. 2025, arXiv 2506.02177: zero-variance
+       prompts tend to stay so, skip them with a probability growing with the streak, keep exploring) made cheap:
+       n_min rollouts instead of n, so a probe costs little and a prompt that has become uncertain again shows
+       mixed outcomes and returns to rule 3. With probe_target, as many as make a mixed group likely at the
+       prompt's success rate: few where all-equal groups are chance (paper), up to n where they are not.
     3. Mixed prompts: n (default). With `informative_target` set, `informative_count` of their success rate p
        (`_prompt_success_rate`, pooled over visits): the fewest rollouts, within [n_min, n], that give unequal
        outcomes with probability >= informative_target. A prompt at p = 1/2 needs 5 of 8 for 0.9; a rare success
@@ -214,7 +273,7 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
         elif history["streak"] >= decided_after:
             probe = max(params["probe_decay"] ** (history["streak"] - decided_after), params["probe_floor"])
             skip.append(1.0 - probe)
-            counts.append(0 if draws[-1] < 1.0 - probe else n_min)
+            counts.append(0 if draws[-1] < 1.0 - probe else probe_count(history, state))
         else:
             skip.append(0.0)
             counts.append(_mixed_count(history, params, scale))
@@ -223,9 +282,10 @@ def adaptive_allocate(state: dict, prompt_ids: Sequence[str]) -> list[int]:
 
 def _adaptive_update(state: dict, outcome: PromptOutcomes) -> dict:
     """Per sampled prompt: discounted pooled reward variance (sumsq += n·std², dof += n − 1) and, with
-    accuracies, discounted correct / all counts (hits += n·accuracy, trials += n); the streak of decided visits
-    (`decided`; a skipped visit leaves it as it is), visits and the last kept count; batch: the reward range for
-    the learned scale, and the step for the draws."""
+    accuracies, discounted correct / all counts (hits += n·accuracy, trials += n) and the run's group moments
+    (`EMPTY_POPULATION`, for `fitted_prior`); the streak of decided visits (`decided`; a skipped visit leaves it as
+    it is), visits and the last kept count; batch: the reward range for the learned scale, and the step for the
+    draws."""
     params = state["params"]
     accuracies = [None] * len(outcome.prompt_ids) if outcome.accuracy_mean is None else outcome.accuracy_mean.tolist()
     for prompt, count, kept, mean, std, accuracy in zip(outcome.prompt_ids, outcome.sampled.tolist(),
@@ -240,6 +300,11 @@ def _adaptive_update(state: dict, outcome: PromptOutcomes) -> dict:
         if accuracy is not None:
             history["hits"] = params["memory"] * history["hits"] + count * accuracy
             history["trials"] = params["memory"] * history["trials"] + count
+            if count >= 2:
+                population = state.setdefault("population", dict(EMPTY_POPULATION))
+                for key, value in (("groups", 1.0), ("sum", accuracy), ("sumsq", accuracy**2),
+                                   ("inv_size", 1 / count)):
+                    population[key] += value
         by_accuracy = accuracy if params["decided_by_accuracy"] else None
         history["streak"] = history["streak"] + 1 if decided(std, kept, by_accuracy) else 0
         history["seen"] += 1

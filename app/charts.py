@@ -237,7 +237,7 @@ def sketch_map(points: pd.DataFrame, *, colour: str, revision: str) -> go.Figure
     correct); custom_data = (step, rollout_id) maps a selection back to rows; hover names the prompt."""
     points = points.assign(label=points["prompt_id"].map(text_label))
     common = dict(x="x", y="y", custom_data=["step", "rollout_id"], hover_data={"x": False, "y": False},
-                  labels={"x": "", "y": ""})
+                  labels={"x": "", "y": ""}, render_mode="svg")
     if colour == "advantage":
         limit = float(np.nanmax(np.abs(points["advantage"]))) if len(points) else 1.0
         fig = px.scatter(points, color="advantage", color_continuous_scale="RdBu", range_color=[-limit, limit],

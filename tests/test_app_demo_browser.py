@@ -214,7 +214,9 @@ def test_rollouts_page_links_side_by_side_and_full_text(demo, page):
     text = page.inner_text("body")
     assert "stands for" in text and "weight" in text and "score" in text
     assert "bench-grpo" in text and "Token by token" in text
-    page.wait_for_selector("[data-testid='stCode']")  # the full completion
+    page.get_by_text("The same prompt in").first.click()  # opens the paired run's group beside this one
+    page.wait_for_function("document.querySelectorAll('[data-testid=\"stDataFrame\"]').length >= 3")
+    page.wait_for_selector("[data-testid='stText']")  # the full completion, plain
     page.wait_for_selector("span[title^='log-prob']")
     shaded = page.locator("span[title^='log-prob']")  # the token view: one span per token, log-prob on hover
     assert shaded.count() >= 1 and "advantage" in page.locator("text=/^advantage [+-]/").first.inner_text()

@@ -507,6 +507,12 @@ def test_demo_page_tells_the_story_on_real_runs(monkeypatch, trained):
     shown = metrics(at)
     assert shown["FastRL accuracy"] == f"{final.mean:.1%} ± {100 * (final.high - final.mean):.1f} pts"
     assert "2 seeds" in texts(at)
+    answers = [e for e in at.expander if e.label.startswith("The answers in both runs")]
+    assert len(answers) == 1 and not answers[0].children  # closed: its tables are not built
+    at.session_state["demo_answers"] = True  # what opening it in the browser sets (a rerun follows)
+    at.run()
+    opened = [e for e in at.expander if e.label.startswith("The answers in both runs")][0]
+    assert [node.type for node in opened].count("dataframe") == 2 and not at.exception
 
 
 def test_demo_page_shows_the_hand_computed_speedup(monkeypatch, designed):
@@ -630,7 +636,12 @@ def test_rollouts_page_shows_one_rollout_token_by_token(monkeypatch, trained):
     html = at.get("html")[0].proto.body
     tokens = store.read_tokens(store_dir, run_ids["fastrl"], 1, at.selectbox(key="full_group").value)
     assert html.count("<span title='log-prob") == len(tokens) > 0
-    assert any("The same prompt in" in s.value for s in at.subheader)  # the paired GRPO run, side by side
+    beside = [e for e in at.expander if e.label.startswith("The same prompt in")]  # the paired GRPO run
+    assert len(beside) == 1 and not beside[0].children  # closed: the other run's group is not read
+    at.session_state["rollouts_beside"] = True  # what opening it in the browser sets (a rerun follows)
+    at.run()
+    opened = [e for e in at.expander if e.label.startswith("The same prompt in")][0]
+    assert [node.type for node in opened].count("dataframe") == 2 and not at.exception  # the two groups
 
 
 # ------------------------------------------------------------------- issue 45: a real run's size, and the truth
@@ -842,6 +853,12 @@ def test_the_map_of_a_long_range_is_a_sample_of_whole_steps_and_says_so(monkeypa
     assert f"A sample: every rollout of {len(mapped)} of the 20 steps in the range, evenly spaced" in texts(at)
     shown = int(steps.loc[steps["step"].isin(mapped), "rollouts_sampled"].sum())
     assert 4096 < shown <= 8192 and f"map of {shown} rollouts" in " ".join(s.value for s in at.subheader)
+    built, build = [], charts.sketch_map  # the figure is built once per map shown, not once per page run
+    monkeypatch.setattr(charts, "sketch_map", lambda *args, **kwargs: built.append(1) or build(*args, **kwargs))
+    at.run()
+    assert not at.exception and not built and f"map of {shown} rollouts" in " ".join(s.value for s in at.subheader)
+    at.radio(key="map_colour").set_value("advantage").run()
+    assert not at.exception and len(built) == 1
 
 
 def test_the_app_hides_the_deploy_button_wherever_it_is_launched_from():

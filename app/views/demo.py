@@ -59,15 +59,17 @@ def story() -> None:
         other = cached.rollouts(base_id, step, prompt) if base_id and cached.latest_step(base_id) is not None \
             and cached.latest_step(base_id) >= step else pd.DataFrame()
         st.markdown(analysis.group_story(group, other, run_label="FastRL", base_label="GRPO", nominal=nominal))
-        with st.expander("The answers in both runs, side by side"):
-            cols = st.columns(2)
-            for col, (label, rows) in zip(cols, (("FastRL", group), ("GRPO", other))):
-                col.markdown(f"**{label}**")
-                if rows.empty:
-                    col.caption("No group of this prompt at this step in the GRPO run"
-                                + (f" ({why})" if why else "."))
-                else:
-                    col.dataframe(analysis.rollout_table(rows), hide_index=True, key=f"demo_answers_{label}")
+        answers = st.expander("The answers in both runs, side by side", key="demo_answers", on_change="rerun")
+        if answers.open:  # lazy: its two tables are built and sent only once it is opened
+            with answers:
+                cols = st.columns(2)
+                for col, (label, rows) in zip(cols, (("FastRL", group), ("GRPO", other))):
+                    col.markdown(f"**{label}**")
+                    if rows.empty:
+                        col.caption("No group of this prompt at this step in the GRPO run"
+                                    + (f" ({why})" if why else "."))
+                    else:
+                        col.dataframe(analysis.rollout_table(rows), hide_index=True, key=f"demo_answers_{label}")
         st.page_link("views/rollouts.py", label="Browse every group of this step",
                      query_params={"run": run_id, "step": str(step), "prompt": prompt}, icon=":material/search:")
 

@@ -78,9 +78,14 @@ if widgets.is_live(run):
     newer_steps()
 
 
-# Built once a page run: a selection reruns only the fragment below, which draws this same figure (building it with
-# plotly.express would otherwise be part of every selection's wait).
-sketch_map = charts.sketch_map(points, colour=colour, revision=f"{run_id}/{projection.method}")
+# Built once per map shown (run, steps mapped, projection and its progress, colouring, the run's version), kept in
+# the session: a selection reruns only the fragment below and a page switch back here reruns the page, and both draw
+# this same figure (plotly.express took 0.14-0.28 s to build it, most of the page's script run on the 800-step store).
+shown = (run_id, tuple(mapped), projection.method, projection.pending, colour, cached.version(run_id))
+if st.session_state.get("_sketch_map", (None, None))[0] != shown:
+    st.session_state["_sketch_map"] = (shown, charts.sketch_map(points, colour=colour,
+                                                                revision=f"{run_id}/{projection.method}"))
+sketch_map = st.session_state["_sketch_map"][1]
 
 
 @st.fragment

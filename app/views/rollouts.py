@@ -64,7 +64,7 @@ def full_text(frame: pd.DataFrame, key: str) -> None:
                 f"{row['reward']:.2f} · advantage {row['advantage']:+.3f} · {row['status']}"
                 + (f" ({row['reason']})" if row["reason"] != "—" else "")
                 + f" · stands for {int(row['multiplicity'])} · {int(row['length'])} tokens")
-    st.code(row["completion"], language=None, wrap_lines=True)
+    st.text(row["completion"])  # plain and wrapped; st.code ran a syntax highlighter over it on every draw
     try:
         tokens = cached.tokens(run_id, int(row["step"]), chosen)
     except store.DamagedFile as error:
@@ -90,6 +90,28 @@ def filters(reasons: list[str]) -> tuple[bool | None, bool | None, list[str]]:
                                help="\n".join(f"- {analysis.reason_label(r)}: {analysis.reason_text(r)}"
                                               for r in reasons))
     return kept, correct, chosen
+
+
+def side_by_side(prompt: str, group: pd.DataFrame, nominal: int | None) -> None:
+    """The prompt's group in this run and in `compare_with`, at this step or that run's nearest visit."""
+    other_steps = cached.groups(compare_with)
+    visits = other_steps.loc[other_steps["prompt_id"] == prompt, "step"].astype(int).tolist()
+    if not visits:
+        st.info(f"Run `{compare_with}` never drew prompt {analysis.literal(prompt)}.")
+        return
+    other_step = step if step in visits else min(visits, key=lambda s: abs(s - step))
+    other = cached.rollouts(compare_with, other_step, prompt)
+    cols = st.columns(2)
+    for col, label, rows, at in ((cols[0], run_id, group, step), (cols[1], compare_with, other, other_step)):
+        with col:
+            fate = analysis.group_fate(rows, nominal) if len(rows) else None
+            st.markdown(f"**{label}** · step {at} · " + (analysis.fate_sentence(fate) if fate else
+                                                          "no rollouts logged"))
+            if len(rows):
+                st.dataframe(analysis.rollout_table(rows), hide_index=True, key=f"side_{label == run_id}")
+    if other_step != step:
+        st.caption(f"`{compare_with}` did not draw this prompt at step {step}; its nearest visit is step "
+                   f"{other_step}.")
 
 
 @st.fragment
@@ -173,25 +195,10 @@ def group_view() -> None:
     full_text(view, "full_group")
 
     if compare_with != NONE:
-        st.subheader(f"The same prompt in `{compare_with}`")
-        other_steps = cached.groups(compare_with)
-        visits = other_steps.loc[other_steps["prompt_id"] == prompt, "step"].astype(int).tolist()
-        if not visits:
-            st.info(f"Run `{compare_with}` never drew prompt {analysis.literal(prompt)}.")
-        else:
-            other_step = step if step in visits else min(visits, key=lambda s: abs(s - step))
-            other = cached.rollouts(compare_with, other_step, prompt)
-            cols = st.columns(2)
-            for col, label, rows, at in ((cols[0], run_id, group, step), (cols[1], compare_with, other, other_step)):
-                with col:
-                    fate = analysis.group_fate(rows, nominal) if len(rows) else None
-                    st.markdown(f"**{label}** · step {at} · " + (analysis.fate_sentence(fate) if fate else
-                                                                  "no rollouts logged"))
-                    if len(rows):
-                        st.dataframe(analysis.rollout_table(rows), hide_index=True, key=f"side_{label == run_id}")
-            if other_step != step:
-                st.caption(f"`{compare_with}` did not draw this prompt at step {step}; its nearest visit is step "
-                           f"{other_step}.")
+        beside = st.expander(f"The same prompt in `{compare_with}`", key="rollouts_beside", on_change="rerun")
+        if beside.open:  # lazy: the other run's group is read and its tables sent only while this is open
+            with beside:
+                side_by_side(prompt, group, nominal)
 
     with st.expander("What the reasons mean"):
         for reason in reasons:

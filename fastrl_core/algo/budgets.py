@@ -73,7 +73,9 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
                         probes and gained none of their points (docs/results.md, "Confirming a decided prompt")
     probe_target        None (default): a probe has n_min rollouts. A number in (0, 1): the fewest rollouts in
                         [n_min, n] whose chance of a mixed group reaches it, at the prompt's success rate under a
-                        prior fitted to the run's own groups (`probe_count`; needs accuracies, else n_min)
+                        prior fitted to the run's own groups (`probe_count`; needs accuracies, else n_min). At 0.5
+                        (`fastrl_probe_fit`) it kept GRPO's accuracy in paper and paper-wide (docs/results.md,
+                        "Probes sized from the run's own groups")
     """
     n, n_min, min_prompts = check_count("n", n), check_count("n_min", n_min), check_count("min_prompts",
                                                                                              min_prompts)

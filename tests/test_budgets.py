@@ -262,7 +262,7 @@ def test_mixed_chance_and_fitted_prior_by_hand():
     """Beta(1, 1): E p^k = 1/(k + 1), so P(mixed) = 1 − 2/(k + 1); Beta(2, 1), k = 2: 1 − 2·3/(3·4) − 1·2/(3·4) = 1/3.
     The prior fitted to groups that are all correct or all wrong, half each (x̄ = 0 or 1, n = 8): m = 1/2,
     Σ(x̄ − m)² = N/4, so ρ = (N/4 − N/32) / (N/4 − N/32) = 1, held at 0.99; to groups of exactly 4 of 8:
-    Σ(x̄ − m)² = 0, ρ < 0, held at 0.01 (a prior worth 99 groups); uniform before two groups."""
+    Σ(x̄ − m)² = 0, ρ < 0, held at 0.01 (a prior worth 99 rollouts); uniform before two groups."""
     assert [round(mixed_chance(1, 1, k), 12) for k in (1, 2, 3, 7)] == [0, round(1 / 3, 12), 0.5, 0.75]
     assert mixed_chance(2, 1, 2) == pytest.approx(1 / 3)
     extreme = {"groups": 10.0, "sum": 5.0, "sumsq": 5.0, "inv_size": 10 / 8}

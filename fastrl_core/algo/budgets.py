@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -109,7 +109,7 @@ def _adaptive_init(n: int = 8, n_min: int = 2, informative_target: float | None 
 # Moments of the run's groups' accuracies (every sampled group of >= 2 rollouts): count, sum and sum of squares of
 # the group means, and the sum of 1/group size. `fitted_prior` reads them.
 EMPTY_POPULATION = {"groups": 0.0, "sum": 0.0, "sumsq": 0.0, "inv_size": 0.0}
-RHO_RANGE = (0.01, 0.99)  # the fitted intra-prompt correlation is held inside this (a prior of 0.01 to 99 groups)
+RHO_RANGE = (0.01, 0.99)  # the fitted intra-prompt correlation is held inside this (a prior of 0.01 to 99 rollouts)
 
 
 def fitted_prior(population: dict) -> tuple[float, float]:
@@ -151,10 +151,7 @@ def probe_count(history: dict, state: dict) -> int:
         return params["n_min"]
     a, b = fitted_prior(state.get("population", EMPTY_POPULATION))
     a, b = a + history["hits"], b + history["trials"] - history["hits"]
-    for k in range(params["n_min"], params["n"] + 1):
-        if mixed_chance(a, b, k) >= target:
-            return k
-    return params["n"]
+    return fewest_rollouts(lambda k: mixed_chance(a, b, k), target, params["n_min"], params["n"])
 
 
 def _reward_scale(state: dict) -> float:
@@ -192,8 +189,14 @@ def informative_count(p: float, target: float, low: int, high: int) -> int:
     """The fewest k in [low, high] with P(k rollouts are not all equal) = 1 − p^k − (1 − p)^k >= target (high if
     none): the chance that a Bernoulli(p) group gives a non-zero GRPO gradient (the knapsack value of
     Knapsack-RL, Li et al. 2025, arXiv 2509.25849). p = 1/2, target 0.9: k = 5 (0.9375; k = 4 gives 0.875)."""
+    return fewest_rollouts(lambda k: 1 - p**k - (1 - p) ** k, target, low, high)
+
+
+def fewest_rollouts(chance: Callable[[int], float], target: float, low: int, high: int) -> int:
+    """The fewest k in [low, high] with chance(k) >= target (high if none): the search both sizing rules share
+    (`informative_count` for a mixed prompt at a known rate, `probe_count` for a probe under a beta prior)."""
     for k in range(low, high + 1):
-        if 1 - p**k - (1 - p) ** k >= target:
+        if chance(k) >= target:
             return k
     return high
 
